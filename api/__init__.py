@@ -1,0 +1,1 @@
+"""The thin async API: admits requests, enqueues work, relays events. Never imports workers."""

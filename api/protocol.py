@@ -1,0 +1,53 @@
+"""Request and response bodies of the query endpoints."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+
+class QueryRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: StrictStr = Field(description="The question; non-empty, at most RAGLINE_MAX_QUERY_BYTES of UTF-8.")
+    top_k: StrictInt | None = Field(default=None, description="How many sources to retrieve (1..50).")
+    mode: Literal["rag", "retrieval"] = Field(
+        default="rag", description="`rag` generates an answer; `retrieval` returns the sources only."
+    )
+    index: StrictStr | None = Field(default=None, description="Index name; the default index when omitted.")
+
+
+class Source(BaseModel):
+    chunk_id: str
+    source: str
+    title: str
+    text: str
+    score: float
+
+
+class Timings(BaseModel):
+    queue_ms: float = 0.0
+    retrieval_ms: float = 0.0
+    generation_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class QueryResponse(BaseModel):
+    request_id: str
+    answer: str | None
+    sources: list[Source]
+    degraded: bool = False
+    timings: Timings
+    usage: Usage | None = None
+
+
+class ErrorBody(BaseModel):
+    error: str
+    message: str
+    request_id: str | None = None

@@ -1,0 +1,80 @@
+"""POST /v1/query (JSON answer) and POST /v1/query/stream (SSE), plus SSE resume by request id."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import StreamingResponse
+
+from api.errors import ApiError
+from api.protocol import ErrorBody, QueryRequest, QueryResponse
+from api.serving import QueryService
+from api.sse import frame
+from broker.events import EventTimeout
+
+router = APIRouter(prefix="/v1", tags=["query"])
+
+_ERRORS = {
+    400: {"model": ErrorBody},
+    404: {"model": ErrorBody},
+    422: {"model": ErrorBody},
+    503: {"model": ErrorBody},
+    504: {"model": ErrorBody},
+}
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _service(request: Request) -> QueryService:
+    return request.app.state.query_service
+
+
+@router.post("/query", response_model=QueryResponse, responses=_ERRORS)
+async def query(body: QueryRequest, request: Request) -> QueryResponse:
+    return await _service(request).answer(request.state.request_id, body)
+
+
+async def _relay(service: QueryService, request_id: str, after: str, started: float) -> AsyncIterator[bytes]:
+    try:
+        async for event in service.events(request_id, after=after):
+            data = event.data
+            if event.type == "done":
+                timings = {**data.get("timings", {}), "total_ms": (time.perf_counter() - started) * 1000}
+                data = {**data, "request_id": request_id, "timings": timings}
+            yield frame(event.type, data, event_id=event.id)
+    except EventTimeout:
+        yield frame("error", {"status": 504, "message": "no answer in time", "request_id": request_id})
+
+
+@router.post("/query/stream", responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}}})
+async def query_stream(body: QueryRequest, request: Request) -> StreamingResponse:
+    service = _service(request)
+    request_id = request.state.request_id
+    started = time.perf_counter()
+    await service.submit(request_id, body)
+    return StreamingResponse(
+        _relay(service, request_id, "0-0", started),
+        media_type="text/event-stream",
+        headers={**_SSE_HEADERS, "X-Request-Id": request_id},
+    )
+
+
+@router.get("/query/stream/{request_id}", responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}}})
+async def resume_stream(
+    request_id: str, request: Request, last_event_id: str | None = Header(default=None)
+) -> StreamingResponse:
+    """Reconnect to a request's stream; with ``Last-Event-ID`` only the events after it are sent."""
+    after = last_event_id or "0-0"
+    if not _valid_stream_id(after) or not request_id.isalnum():
+        raise ApiError(422, "invalid_request", "bad request id or Last-Event-ID")
+    return StreamingResponse(
+        _relay(_service(request), request_id, after, time.perf_counter()),
+        media_type="text/event-stream",
+        headers=_SSE_HEADERS,
+    )
+
+
+def _valid_stream_id(value: str) -> bool:
+    ms, _, seq = value.partition("-")
+    return ms.isdigit() and seq.isdigit()

@@ -1,0 +1,88 @@
+"""The per-request event stream: workers append, the API reads (and clients resume) by id.
+
+A Redis Stream rather than pub/sub or the result backend: it can be read from the start, so no
+event published before the reader attaches is lost, and SSE clients resume with Last-Event-ID.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import redis
+import redis.asyncio as aioredis
+
+from broker.keys import Keys
+
+EventType = Literal["sources", "token", "done", "error"]
+FINAL_EVENTS = frozenset({"done", "error"})
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    id: str
+    type: str
+    data: dict[str, Any]
+
+
+class EventWriter:
+    """Appends events for one request; used from worker threads."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, request_id: str, *, ttl_s: int, maxlen: int) -> None:
+        self._client = client
+        self._key = keys.events(request_id)
+        self._ttl_s = ttl_s
+        self._maxlen = maxlen
+
+    def emit(self, type_: EventType, data: dict[str, Any]) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.xadd(self._key, {"type": type_, "data": json.dumps(data)}, maxlen=self._maxlen, approximate=True)
+        pipe.expire(self._key, self._ttl_s)
+        pipe.execute()
+
+    def has_final(self) -> bool:
+        """True when this request already finished (a redelivered task must not answer twice)."""
+        last = self._client.xrevrange(self._key, count=1)
+        return bool(last) and last[0][1].get(b"type", b"").decode() in FINAL_EVENTS
+
+
+def _decode(entry_id: bytes, fields: dict[bytes, bytes]) -> Event:
+    return Event(
+        id=entry_id.decode(),
+        type=fields[b"type"].decode(),
+        data=json.loads(fields[b"data"]),
+    )
+
+
+class EventTimeout(Exception):
+    """No final event arrived before the deadline."""
+
+
+async def read_events(
+    client: aioredis.Redis,
+    keys: Keys,
+    request_id: str,
+    *,
+    after: str = "0-0",
+    timeout_s: float,
+    block_ms: int = 1000,
+) -> AsyncIterator[Event]:
+    """Yield the request's events after ``after`` until a final one, or raise EventTimeout."""
+    key = keys.events(request_id)
+    deadline = time.monotonic() + timeout_s
+    last = after
+    while True:
+        remaining_ms = int((deadline - time.monotonic()) * 1000)
+        if remaining_ms <= 0:
+            raise EventTimeout(request_id)
+        reply = await client.xread({key: last}, block=min(block_ms, remaining_ms), count=256)
+        for _stream, entries in reply or ():
+            for entry_id, fields in entries:
+                event = _decode(entry_id, fields)
+                last = event.id
+                yield event
+                if event.type in FINAL_EVENTS:
+                    return

@@ -1,0 +1,29 @@
+"""Worker heartbeats per queue, so readiness is one cheap Redis call instead of a broadcast."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+import redis.asyncio as aioredis
+
+from broker.keys import Keys
+
+
+def beat(client: redis.Redis, keys: Keys, queue: str, worker_id: str) -> None:
+    client.zadd(keys.workers(queue), {worker_id: time.time()})
+
+
+def leave(client: redis.Redis, keys: Keys, queue: str, worker_id: str) -> None:
+    client.zrem(keys.workers(queue), worker_id)
+
+
+async def live_counts(
+    client: aioredis.Redis, keys: Keys, queues: tuple[str, ...], ttl_s: float
+) -> dict[str, int]:
+    since = time.time() - ttl_s
+    pipe = client.pipeline(transaction=False)
+    for queue in queues:
+        pipe.zcount(keys.workers(queue), since, "+inf")
+    counts = await pipe.execute()
+    return dict(zip(queues, (int(c) for c in counts), strict=True))

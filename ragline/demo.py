@@ -1,0 +1,61 @@
+"""``ragline demo``: the whole path on a corpus every Python has (pydoc's language topics)."""
+
+from __future__ import annotations
+
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+
+from broker.settings import Settings
+from ragline.stack import running_stack
+
+DEMO_INDEX = "demo"
+QUESTIONS = (
+    "What does the assert statement do?",
+    "What does the global statement do?",
+    "How does a with statement use a context manager?",
+)
+
+
+def write_demo_corpus(dest: Path) -> int:
+    """pydoc's help topics (the language reference in plain text) as one file per topic."""
+    from pydoc_data.topics import topics
+
+    for name, text in topics.items():
+        (dest / f"{name}.txt").write_text(text)
+    return len(topics)
+
+
+def run_demo(settings: Settings) -> int:
+    from workers.retrieval.ingest import ingest
+
+    with running_stack(settings, flower=True) as stack:
+        with tempfile.TemporaryDirectory(prefix="ragline-demo-") as tmp:
+            n = write_demo_corpus(Path(tmp))
+            print(f"ingesting {n} pydoc topics into index {DEMO_INDEX!r}", flush=True)
+            ingest(stack.settings, [Path(tmp)], index_name=DEMO_INDEX)
+        print("waiting for the workers (the vLLM engine takes a minute or two to start)", flush=True)
+        stack.wait_ready()
+        with httpx.Client(base_url=stack.api_base, timeout=settings.request_timeout_s + 10) as client:
+            for question in QUESTIONS:
+                started = time.perf_counter()
+                reply = client.post("/v1/query", json={"query": question, "index": DEMO_INDEX, "top_k": 3})
+                if reply.status_code != 200:
+                    print(f"\nQ: {question}\n   failed: {reply.status_code} {reply.text}")
+                    return 1
+                body = reply.json()
+                t = body["timings"]
+                print(f"\nQ: {question}")
+                print(textwrap.fill(f"A: {body['answer']}", width=100, subsequent_indent="   "))
+                for s in body["sources"]:
+                    print(f"   - [{s['score']:.2f}] {Path(s['source']).stem}: {s['title']}")
+                print(
+                    f"   timings: queue {t['queue_ms']:.0f} ms, retrieval {t['retrieval_ms']:.0f} ms, "
+                    f"generation {t['generation_ms']:.0f} ms, total {t['total_ms']:.0f} ms "
+                    f"(client {1000 * (time.perf_counter() - started):.0f} ms)"
+                )
+        print("\ndemo done; stopping ragline", flush=True)
+    return 0

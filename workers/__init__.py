@@ -1,0 +1,1 @@
+"""Celery workers: CPU retrieval and accelerator generation, each on its own queue."""

@@ -1,0 +1,1 @@
+"""Generation workers: one vLLM engine per process, fed by many concurrent Celery tasks."""

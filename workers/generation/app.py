@@ -1,0 +1,120 @@
+"""The generation worker: ``celery -A workers.generation.app:app worker -Q generation -P threads``.
+
+One engine per process; the threads pool is sized to ``max_num_seqs`` so that many tasks are
+in the engine at once and it batches them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from celery.exceptions import Reject
+from celery.signals import worker_init, worker_shutdown
+
+from broker.celery_app import create_celery
+from broker.events import EventWriter
+from broker.keys import Keys
+from broker.queues import GENERATE_TASK, GENERATION_QUEUE
+from broker.redis_pool import sync_client
+from broker.settings import get_settings
+from workers import heartbeat
+from workers.generation.engine import EngineHost, EngineUnavailable, GenerationTimeout
+from workers.generation.model_prep import generation_model_path
+from workers.generation.prompt import build_prompt
+
+log = logging.getLogger(__name__)
+settings = get_settings()
+keys = Keys(settings.key_prefix)
+app = create_celery(settings)
+heartbeat.install(app, GENERATION_QUEUE, settings)
+
+_engine: EngineHost | None = None
+_tokenizer: Any = None
+
+
+@worker_init.connect(weak=False)
+def _start_engine(**_: object) -> None:
+    """Build the engine before the worker consumes, so readiness means able to generate."""
+    global _engine, _tokenizer
+    from transformers import AutoTokenizer
+
+    _tokenizer = AutoTokenizer.from_pretrained(generation_model_path(settings))
+    _engine = EngineHost(settings)
+    _engine.start()
+
+
+@worker_shutdown.connect(weak=False)
+def _stop_engine(**_: object) -> None:
+    if _engine is not None:
+        _engine.shutdown()
+
+
+@app.task(name=GENERATE_TASK)
+def generate(
+    *,
+    request_id: str,
+    query: str,
+    sources: list[dict[str, Any]],
+    timings: dict[str, float],
+    enqueued_at: float,
+) -> None:
+    picked_at = time.time()
+    writer = EventWriter(
+        sync_client(settings),
+        keys,
+        request_id,
+        ttl_s=settings.event_stream_ttl_s,
+        maxlen=settings.event_stream_maxlen,
+    )
+    if writer.has_final():
+        return
+    if _engine is None:
+        raise Reject("engine not started", requeue=True)
+    timings = {
+        **timings,
+        "queue_ms": timings.get("queue_ms", 0.0) + max(0.0, (picked_at - enqueued_at) * 1000),
+    }
+    prompt = build_prompt(
+        _tokenizer, query, sources, max_prompt_tokens=settings.max_model_len - settings.max_new_tokens
+    )
+    started = time.perf_counter()
+    pieces: list[str] = []
+    first_token_ms: float | None = None
+    completion_tokens = 0
+    try:
+        for delta in _engine.stream(
+            request_id,
+            prompt.text,
+            max_tokens=settings.max_new_tokens,
+            timeout_s=settings.generation_timeout_s,
+        ):
+            completion_tokens = delta.completion_tokens
+            if delta.text:
+                if first_token_ms is None:
+                    first_token_ms = (time.perf_counter() - started) * 1000
+                pieces.append(delta.text)
+                writer.emit("token", {"text": delta.text})
+    except EngineUnavailable as exc:
+        # The engine died under us (e.g. Ctrl-C reached its process first): give the task back.
+        log.warning("engine unavailable for %s, requeueing: %s", request_id, exc)
+        raise Reject(str(exc), requeue=True) from exc
+    except GenerationTimeout as exc:
+        writer.emit("error", {"status": 504, "message": str(exc)})
+        return
+    except Exception as exc:
+        log.exception("generation failed for %s", request_id)
+        writer.emit("error", {"status": 500, "message": f"generation failed: {exc}"})
+        return
+    timings["generation_ms"] = (time.perf_counter() - started) * 1000
+    timings["first_token_ms"] = first_token_ms or timings["generation_ms"]
+    writer.emit(
+        "done",
+        {
+            "answer": "".join(pieces).strip(),
+            "usage": {"prompt_tokens": prompt.prompt_tokens, "completion_tokens": completion_tokens},
+            "sources_dropped": prompt.sources_dropped,
+            "timings": timings,
+        },
+    )

@@ -1,0 +1,167 @@
+"""One vLLM ``AsyncLLM`` per process, on its own event loop, shared by every task thread.
+
+Each Celery task thread submits into the same engine, so all requests in flight advance in
+the same engine steps (continuous batching) instead of waiting for one another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from broker.settings import Settings
+from workers.generation.model_prep import generation_model_path
+
+log = logging.getLogger(__name__)
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine died or is shutting down; the request should go back to the queue."""
+
+
+class GenerationTimeout(TimeoutError):
+    """The request did not finish in its time budget; it was aborted in the engine."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    text: str
+    completion_tokens: int
+    prompt_tokens: int
+    finished: bool
+    finish_reason: str | None
+
+
+_END = object()
+
+
+def configure_cpu_env(settings: Settings) -> None:
+    """vLLM's CPU backend reads these from the environment when the engine starts."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kvcache_space_gib))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", settings.cpu_omp_threads_bind)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+class EngineHost:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-loop", daemon=True)
+        self._engine: Any = None
+        self._stopping = False
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def start(self, *, timeout_s: float = 900.0) -> None:
+        configure_cpu_env(self._settings)
+        self._thread.start()
+        # The engine's output handler attaches to the loop it is built on: build it there.
+        self._engine = asyncio.run_coroutine_threadsafe(self._build(), self._loop).result(timeout_s)
+        log.info("vLLM engine ready: %s", generation_model_path(self._settings))
+
+    async def _build(self) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        s = self._settings
+        args = AsyncEngineArgs(
+            model=generation_model_path(s),
+            dtype=s.dtype,
+            enforce_eager=s.enforce_eager,
+            max_model_len=s.max_model_len,
+            max_num_seqs=s.max_num_seqs,
+            enable_prefix_caching=True,
+            disable_log_stats=False,
+            seed=0,
+        )
+        return AsyncLLM.from_engine_args(args)
+
+    def stream(self, request_id: str, prompt: str, *, max_tokens: int, timeout_s: float) -> Iterator[Delta]:
+        """Generate from a worker thread, yielding text deltas as the engine produces them."""
+        if self._engine is None or self._stopping:
+            raise EngineUnavailable("engine is not running")
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=self._settings.temperature,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        out_q: queue.Queue[Any] = queue.Queue()
+        future = asyncio.run_coroutine_threadsafe(self._pump(request_id, prompt, params, out_q), self._loop)
+        deadline = time.monotonic() + timeout_s
+        finished = False
+        try:
+            while True:
+                try:
+                    item = out_q.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    raise GenerationTimeout(f"generation exceeded {timeout_s:.0f}s") from None
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                # Cancelling the coroutine aborts the request inside the engine.
+                self._cancel(future)
+
+    def _cancel(self, future: Future[None]) -> None:
+        self._loop.call_soon_threadsafe(future.cancel)
+
+    async def _pump(self, request_id: str, prompt: str, params: Any, out_q: queue.Queue[Any]) -> None:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        completion_tokens = 0
+        try:
+            async for output in self._engine.generate(prompt, params, request_id):
+                piece = output.outputs[0]
+                completion_tokens += len(piece.token_ids)
+                out_q.put(
+                    Delta(
+                        text=piece.text,
+                        completion_tokens=completion_tokens,
+                        prompt_tokens=len(output.prompt_token_ids or ()),
+                        finished=output.finished,
+                        finish_reason=piece.finish_reason,
+                    )
+                )
+        except EngineDeadError as exc:
+            out_q.put(EngineUnavailable(str(exc)))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            out_q.put(exc)
+        finally:
+            out_q.put(_END)
+
+    def shutdown(self) -> None:
+        """Stop the engine and its core process; without this SIGTERM hangs the worker."""
+        self._stopping = True
+        if self._engine is not None:
+            engine = self._engine
+            self._engine = None
+
+            async def _stop() -> None:
+                engine.shutdown()
+
+            try:
+                asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(30)
+            except Exception:
+                log.exception("engine shutdown failed")
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)

@@ -1,0 +1,50 @@
+"""Tells the API (readiness) that a live worker consumes a queue, every few seconds."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+
+from celery import Celery
+from celery.signals import worker_ready, worker_shutdown
+
+from broker import liveness
+from broker.keys import Keys
+from broker.redis_pool import sync_client
+from broker.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def install(app: Celery, queue: str, settings: Settings) -> None:
+    """Beat from worker_ready (the worker consumes) until worker_shutdown."""
+    worker_id = f"{socket.gethostname()}:{os.getpid()}"
+    keys = Keys(settings.key_prefix)
+    stop = threading.Event()
+
+    def run() -> None:
+        client = sync_client(settings)
+        while not stop.is_set():
+            try:
+                liveness.beat(client, keys, queue, worker_id)
+            except Exception:
+                log.warning("heartbeat to Redis failed", exc_info=True)
+            stop.wait(settings.worker_heartbeat_s)
+        try:
+            liveness.leave(client, keys, queue, worker_id)
+        except Exception:
+            log.warning("could not remove heartbeat", exc_info=True)
+
+    thread = threading.Thread(target=run, name=f"heartbeat-{queue}", daemon=True)
+
+    @worker_ready.connect(weak=False)
+    def _start(**_: object) -> None:
+        thread.start()
+
+    @worker_shutdown.connect(weak=False)
+    def _stop(**_: object) -> None:
+        stop.set()
+        if thread.is_alive():
+            thread.join(2)

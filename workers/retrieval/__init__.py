@@ -1,0 +1,1 @@
+"""Retrieval worker: reading documents into sections and chunking them."""

@@ -1,0 +1,90 @@
+"""Ingestion: files -> sections -> chunks -> embeddings -> a new version of a FAISS index."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from broker import indexes
+from broker.indexes import IndexInfo
+from broker.keys import Keys
+from broker.redis_pool import sync_client
+from broker.settings import Settings
+from workers.retrieval import index_store
+from workers.retrieval.chunking import Chunk, chunk_sections
+from workers.retrieval.embedder import Embedder
+from workers.retrieval.readers import is_supported, read_sections
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class IngestReport:
+    info: IndexInfo
+    files: int
+    bytes_per_vector: float
+
+
+def iter_files(paths: Iterable[Path]) -> Iterator[Path]:
+    for path in paths:
+        if path.is_dir():
+            yield from sorted(p for p in path.rglob("*") if p.is_file() and is_supported(p))
+        elif path.is_file() and is_supported(path):
+            yield path
+        elif not path.exists():
+            raise FileNotFoundError(path)
+
+
+def collect_chunks(paths: Iterable[Path], *, chunk_words: int, overlap_words: int) -> tuple[list[Chunk], int]:
+    chunks: list[Chunk] = []
+    files = 0
+    for file in iter_files(paths):
+        files += 1
+        chunks.extend(
+            chunk_sections(
+                read_sections(file), source=str(file), chunk_words=chunk_words, overlap_words=overlap_words
+            )
+        )
+    return chunks, files
+
+
+def embed_chunks(embedder: Embedder, chunks: list[Chunk], *, batch_size: int, progress: bool) -> np.ndarray:
+    """Embed title + text in batches, with a progress bar on stderr."""
+    vectors = np.empty((len(chunks), embedder.dim), dtype=np.float32)
+    with tqdm(total=len(chunks), desc="embedding", unit="chunk", disable=not progress) as bar:
+        for start in range(0, len(chunks), batch_size):
+            batch = chunks[start : start + batch_size]
+            vectors[start : start + len(batch)] = embedder.encode([f"{c.title}\n{c.text}" for c in batch])
+            bar.update(len(batch))
+    return vectors
+
+
+def ingest(
+    settings: Settings,
+    paths: list[Path],
+    *,
+    index_name: str,
+    embedder: Embedder | None = None,
+    progress: bool = True,
+) -> IngestReport:
+    chunks, files = collect_chunks(
+        paths, chunk_words=settings.chunk_words, overlap_words=settings.chunk_overlap_words
+    )
+    if not chunks:
+        raise ValueError("no readable text found in " + ", ".join(map(str, paths)))
+    embedder = embedder or Embedder(settings)
+    vectors = embed_chunks(embedder, chunks, batch_size=settings.embed_batch_size, progress=progress)
+    params = index_store.HnswParams(
+        m=settings.hnsw_m, ef_construction=settings.hnsw_ef_construction, ef_search=settings.hnsw_ef_search
+    )
+    index = index_store.build_hnsw(vectors, params)
+    info = index_store.save(settings.indexes_dir, index_name, index, chunks)
+    # Register last: workers switch only once every file of the new version is in place.
+    indexes.register(sync_client(settings), Keys(settings.key_prefix), info)
+    index_bytes = Path(info.path, "index.faiss").stat().st_size
+    return IngestReport(info=info, files=files, bytes_per_vector=index_bytes / len(chunks))
