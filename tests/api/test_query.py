@@ -1,0 +1,143 @@
+"""The whole path on real parts: API -> Celery -> MiniLM + FAISS -> vLLM -> event stream."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import pytest
+import redis
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+
+
+def parse_sse(lines: Iterator[str]) -> Iterator[tuple[str | None, str, dict]]:
+    event_id, event, data = None, None, []
+    for line in lines:
+        if not line:
+            if event is not None:
+                yield event_id, event, json.loads("\n".join(data))
+            event_id, event, data = None, None, []
+        elif line.startswith("id: "):
+            event_id = line[4:]
+        elif line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("data: "):
+            data.append(line[6:])
+
+
+@contextmanager
+def pushed_queues(redis_url: str) -> Iterator[list[str]]:
+    """Record every queue that gets a message pushed, with Redis MONITOR."""
+    pushed: list[str] = []
+    client = redis.Redis.from_url(redis_url)
+    stop = threading.Event()
+    ready = threading.Event()
+
+    def watch() -> None:
+        with client.monitor() as monitor:
+            ready.set()
+            for cmd in monitor.listen():
+                command = cmd["command"]
+                if command.upper().startswith(("LPUSH", "RPUSH")):
+                    pushed.append(command.split()[1])
+                if stop.is_set() or "ragline-monitor-stop" in command:
+                    return
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    ready.wait(5)
+    try:
+        yield pushed
+    finally:
+        stop.set()
+        client.get("ragline-monitor-stop")
+        thread.join(5)
+
+
+def test_rag_query_answers_from_the_planted_fact_and_cites_it(
+    client: httpx.Client, workers, redis_url: str
+) -> None:
+    with pushed_queues(redis_url) as pushed:
+        reply = client.post(
+            "/v1/query", json={"query": "When does Café Lumière open in the morning?", "top_k": 3}
+        )
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert "7:15" in body["answer"], body["answer"]
+    assert any("Café Lumière opens at 7:15" in s["text"] for s in body["sources"])
+    assert body["sources"][0]["source"].endswith("cafe.md")
+    assert body["degraded"] is False
+    t = body["timings"]
+    assert t["total_ms"] >= t["generation_ms"] > 0 and t["retrieval_ms"] > 0
+    assert body["usage"]["completion_tokens"] > 0
+    assert reply.headers["X-Request-Id"] == body["request_id"]
+    assert "retrieval" in pushed and "generation" in pushed
+
+
+def test_retrieval_mode_never_touches_the_generation_queue(
+    client: httpx.Client, workers, redis_url: str
+) -> None:
+    with pushed_queues(redis_url) as pushed:
+        reply = client.post(
+            "/v1/query", json={"query": "How long may I borrow library books?", "mode": "retrieval"}
+        )
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["answer"] is None
+    assert body["sources"][0]["source"].endswith("library.rst")
+    assert body["timings"]["generation_ms"] == 0
+    assert "retrieval" in pushed
+    assert "generation" not in pushed
+
+
+def test_stream_sends_sources_then_tokens_then_done(api, workers) -> None:
+    events = []
+    with (
+        httpx.Client(base_url=api.base, timeout=180) as c,
+        c.stream("POST", "/v1/query/stream", json={"query": "What speciality does Café Lumière bake?"}) as r,
+    ):
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = list(parse_sse(r.iter_lines()))
+    kinds = [e[1] for e in events]
+    assert kinds[0] == "sources"
+    assert kinds[-1] == "done"
+    assert kinds.count("token") >= 2
+    assert all(e[0] for e in events), "every event carries an SSE id"
+    done = events[-1][2]
+    streamed = "".join(e[2]["text"] for e in events if e[1] == "token")
+    assert done["answer"] == streamed.strip()
+    assert done["usage"]["completion_tokens"] > 0
+    assert {"queue_ms", "retrieval_ms", "generation_ms", "total_ms"} <= done["timings"].keys()
+
+
+def test_stream_resumes_after_last_event_id(api, workers) -> None:
+    with httpx.Client(base_url=api.base, timeout=180) as c:
+        with c.stream(
+            "POST", "/v1/query/stream", json={"query": "Which platform does the coast train use?"}
+        ) as r:
+            request_id = r.headers["X-Request-Id"]
+            first = list(parse_sse(r.iter_lines()))
+        cut = first[1][0]  # resume after the second event
+        with c.stream("GET", f"/v1/query/stream/{request_id}", headers={"Last-Event-ID": cut}) as r:
+            resumed = list(parse_sse(r.iter_lines()))
+    assert [e[0] for e in resumed] == [e[0] for e in first[2:]]
+
+
+def test_concurrent_queries_all_answer(client: httpx.Client, workers) -> None:
+    import concurrent.futures as cf
+
+    questions = [
+        "When does Café Lumière close?",
+        "How often should I oil a bicycle chain?",
+        "At what temperature should green tea be brewed?",
+        "When is the library closed?",
+    ]
+    with cf.ThreadPoolExecutor(len(questions)) as pool:
+        replies = list(pool.map(lambda q: client.post("/v1/query", json={"query": q}), questions))
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+    assert all(r.json()["answer"] for r in replies)
