@@ -13,7 +13,10 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 
 REQUESTS = Counter("ragline_requests_total", "HTTP requests answered", ["endpoint", "status"])
 REQUEST_SECONDS = Histogram(
-    "ragline_request_seconds", "End-to-end request latency at the API", ["endpoint", "mode"], buckets=LATENCY_BUCKETS
+    "ragline_request_seconds",
+    "End-to-end request latency at the API",
+    ["endpoint", "mode"],
+    buckets=LATENCY_BUCKETS,
 )
 QUEUE_WAIT_SECONDS = Histogram(
     "ragline_queue_wait_seconds", "Time a task waited in its queue", ["queue"], buckets=LATENCY_BUCKETS
@@ -25,7 +28,9 @@ GENERATION_SECONDS = Histogram(
     "ragline_generation_seconds", "Engine time for a whole answer", buckets=LATENCY_BUCKETS
 )
 COALESCED_BATCH = Histogram(
-    "ragline_coalesced_batch_size", "Queries per coalesced embed+search call", buckets=(1, 2, 4, 8, 16, 32, 64, 128)
+    "ragline_coalesced_batch_size",
+    "Queries per coalesced embed+search call",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128),
 )
 
 QUEUE_DEPTH = Gauge("ragline_queue_depth", "True waiting depth: all priority lists plus unacked", ["queue"])
@@ -44,4 +49,6 @@ ENGINE_WAITING = Gauge("ragline_engine_waiting_seqs", "Sequences waiting in the 
 ENGINE_KV_USAGE = Gauge("ragline_engine_kv_cache_usage", "Fraction of the KV cache in use")
 
 WEBHOOK_DELIVERIES = Counter("ragline_webhook_deliveries_total", "Webhook delivery attempts", ["outcome"])
-WEBHOOK_DEAD_LETTERS = Counter("ragline_webhook_dead_letters_total", "Webhooks given up after the last attempt")
+WEBHOOK_DEAD_LETTERS = Counter(
+    "ragline_webhook_dead_letters_total", "Webhooks given up after the last attempt"
+)

@@ -1,0 +1,64 @@
+"""The per-request event stream on a real Redis: order, resume, final events, expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from broker.events import EventTimeout, EventWriter, read_events
+from broker.keys import Keys
+
+KEYS = Keys("ragline-test-events")
+
+
+def _writer(client: redis.Redis, request_id: str) -> EventWriter:
+    return EventWriter(client, KEYS, request_id, ttl_s=60, maxlen=1000)
+
+
+async def _collect(url: str, request_id: str, after: str = "0-0", timeout_s: float = 5) -> list:
+    client = aioredis.Redis.from_url(url)
+    try:
+        return [e async for e in read_events(client, KEYS, request_id, after=after, timeout_s=timeout_s)]
+    finally:
+        await client.aclose()
+
+
+def test_events_in_order_and_resume(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    rid = uuid.uuid4().hex
+    w = _writer(client, rid)
+    assert not w.has_final()
+    w.emit("sources", {"sources": []})
+    for piece in ("a", "b", "c"):
+        w.emit("token", {"text": piece})
+    w.emit("done", {"answer": "abc"})
+    assert w.has_final()  # a redelivered task sees this and does nothing
+
+    events = asyncio.run(_collect(redis_url, rid))
+    assert [e.type for e in events] == ["sources", "token", "token", "token", "done"]
+    resumed = asyncio.run(_collect(redis_url, rid, after=events[2].id))
+    assert [e.id for e in resumed] == [e.id for e in events[3:]]
+    assert 0 < client.ttl(KEYS.events(rid)) <= 60
+
+
+def test_reader_waits_for_events_written_later(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    rid = uuid.uuid4().hex
+
+    async def scenario() -> list:
+        reader = asyncio.create_task(_collect(redis_url, rid))
+        await asyncio.sleep(0.2)
+        await asyncio.to_thread(_writer(client, rid).emit, "done", {"answer": "late"})
+        return await reader
+
+    events = asyncio.run(scenario())
+    assert [e.data for e in events] == [{"answer": "late"}]
+
+
+def test_reader_times_out(redis_url: str) -> None:
+    with pytest.raises(EventTimeout):
+        asyncio.run(_collect(redis_url, uuid.uuid4().hex, timeout_s=0.3))

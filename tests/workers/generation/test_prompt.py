@@ -1,0 +1,41 @@
+"""Prompts: fixed prefix, stable source order, lowest-scored sources dropped to fit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from workers.generation.prompt import SYSTEM_PROMPT, build_prompt
+
+
+@pytest.fixture(scope="module")
+def tokenizer(prepared_model: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(prepared_model)
+
+
+def _sources(n: int, words: int = 30) -> list[dict]:
+    return [
+        {"chunk_id": f"c{i:02d}", "title": f"t{i}", "text": " ".join([f"w{i}"] * words), "score": 1 - i / 10}
+        for i in range(n)
+    ]
+
+
+def test_stable_order_and_fixed_prefix(tokenizer) -> None:
+    sources = _sources(3)
+    a = build_prompt(tokenizer, "q?", sources, max_prompt_tokens=2000)
+    b = build_prompt(tokenizer, "q?", list(reversed(sources)), max_prompt_tokens=2000)
+    assert a.text == b.text
+    assert SYSTEM_PROMPT in a.text
+    assert a.sources_dropped == 0 and a.sources_used == 3
+
+
+def test_too_long_drops_lowest_scored(tokenizer) -> None:
+    sources = _sources(6, words=60)
+    full = build_prompt(tokenizer, "q?", sources, max_prompt_tokens=10_000)
+    trimmed = build_prompt(tokenizer, "q?", sources, max_prompt_tokens=full.prompt_tokens - 50)
+    assert trimmed.sources_dropped >= 1
+    assert trimmed.prompt_tokens <= full.prompt_tokens - 50
+    assert "w5" not in trimmed.text and "w0" in trimmed.text
