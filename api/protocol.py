@@ -16,6 +16,10 @@ class QueryRequest(BaseModel):
         default="rag", description="`rag` generates an answer; `retrieval` returns the sources only."
     )
     index: StrictStr | None = Field(default=None, description="Index name; the default index when omitted.")
+    ef_search: StrictInt | None = Field(
+        default=None, description="HNSW search effort for this query (bounded)."
+    )
+    nprobe: StrictInt | None = Field(default=None, description="IVF lists probed for this query (bounded).")
 
 
 class Source(BaseModel):
@@ -43,6 +47,9 @@ class QueryResponse(BaseModel):
     answer: str | None
     sources: list[Source]
     degraded: bool = False
+    cached: bool = Field(
+        default=False, description="Served from the result cache (timings are the original's)."
+    )
     timings: Timings
     usage: Usage | None = None
 

@@ -1,4 +1,5 @@
-"""Query serving: validate, enqueue retrieval by task name, relay the request's events."""
+"""Query serving: validate, answer from the result cache, or coalesce into retrieval batches
+and relay the request's events; identical concurrent queries are computed once."""
 
 from __future__ import annotations
 
@@ -7,21 +8,41 @@ import re
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 from celery import Celery
 
+from api.coalescer import Coalescer
 from api.errors import ApiError
 from api.protocol import QueryRequest, QueryResponse, Source, Timings, Usage
-from broker import indexes
+from broker import metrics
 from broker.events import Event, EventTimeout, read_events
 from broker.keys import Keys
+from broker.normalize import query_digest
 from broker.queues import RETRIEVAL_QUEUE, RETRIEVE_TASK
+from broker.result_cache import Lookup, Outcome, ResultCache
 from broker.settings import Settings
 
 _INDEX_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _ENQUEUE_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    query: str
+    top_k: int
+    mode: str
+    index: str
+    ef_search: int | None
+    nprobe: int | None
+
+
+def _bounded(name: str, value: int | None, upper: int) -> int | None:
+    if value is not None and not 1 <= value <= upper:
+        raise ApiError(422, "invalid_request", f"{name} must be between 1 and {upper}, got {value}")
+    return value
 
 
 class QueryService:
@@ -30,14 +51,26 @@ class QueryService:
         self._redis = redis
         self._celery = celery
         self._keys = Keys(settings.key_prefix)
+        self._cache = ResultCache(
+            redis,
+            self._keys,
+            ttl_s=settings.result_cache_ttl_s,
+            max_entries=settings.result_cache_max_entries,
+            single_flight_ttl_s=settings.single_flight_ttl_s,
+        )
         # kombu's publish is blocking I/O: keep it off the event loop.
-        self._publish_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="publish")
+        self._publish_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="publish")
+        self._coalescer = Coalescer(
+            self._publish_batch,
+            window_s=settings.coalesce_window_ms / 1000,
+            max_batch=settings.coalesce_max_batch,
+        )
 
     def close(self) -> None:
         self._publish_pool.shutdown(wait=False, cancel_futures=True)
 
-    async def admit(self, req: QueryRequest) -> tuple[str, int, str]:
-        """Check the request beyond its types; returns (query, top_k, index)."""
+    def admit(self, req: QueryRequest) -> Admitted:
+        """Check the request beyond its types (no I/O)."""
         s = self._settings
         query = req.query.strip()
         if not query:
@@ -51,45 +84,116 @@ class QueryService:
         index = req.index or s.default_index
         if not _INDEX_NAME.match(index):
             raise ApiError(422, "invalid_request", "index must match [A-Za-z0-9_.-]{1,64}")
-        if await indexes.alookup(self._redis, self._keys, index) is None:
-            raise ApiError(404, "unknown_index", f"index {index!r} does not exist; ingest it first")
-        return query, top_k, index
+        return Admitted(
+            query=query,
+            top_k=top_k,
+            mode=req.mode,
+            index=index,
+            ef_search=_bounded("ef_search", req.ef_search, s.max_ef_search),
+            nprobe=_bounded("nprobe", req.nprobe, s.max_nprobe),
+        )
 
-    async def submit(self, request_id: str, req: QueryRequest) -> None:
-        query, top_k, index = await self.admit(req)
-        kwargs = {
-            "request_id": request_id,
-            "query": query,
-            "top_k": top_k,
-            "mode": req.mode,
-            "index": index,
-            "enqueued_at": time.time(),
-        }
+    def _digest(self, a: Admitted) -> str:
+        return query_digest(a.query, a.top_k, a.mode, a.ef_search, a.nprobe, self._settings.generation_model)
+
+    async def lookup(self, a: Admitted, request_id: str, *, single_flight: bool) -> tuple[Lookup, str]:
+        digest = self._digest(a)
+        found = await self._cache.lookup(a.index, digest, request_id=request_id if single_flight else "")
+        if found.outcome is Outcome.UNKNOWN_INDEX:
+            raise ApiError(404, "unknown_index", f"index {a.index!r} does not exist; ingest it first")
+        if found.outcome is Outcome.HIT:
+            metrics.CACHE_HITS.labels("result").inc()
+        else:
+            metrics.CACHE_MISSES.labels("result").inc()
+        return found, found.key(self._keys, a.index, digest)
+
+    async def _publish_batch(self, items: list[dict[str, Any]]) -> None:
         loop = asyncio.get_running_loop()
         publish = loop.run_in_executor(
             self._publish_pool,
-            lambda: self._celery.send_task(RETRIEVE_TASK, kwargs=kwargs, queue=RETRIEVAL_QUEUE),
+            lambda: self._celery.send_task(RETRIEVE_TASK, kwargs={"requests": items}, queue=RETRIEVAL_QUEUE),
         )
+        await asyncio.wait_for(publish, _ENQUEUE_TIMEOUT_S)
+
+    async def enqueue(self, request_id: str, a: Admitted, *, index_version: str) -> None:
+        item = {
+            "request_id": request_id,
+            "query": a.query,
+            "top_k": a.top_k,
+            "mode": a.mode,
+            "index": a.index,
+            "index_version": index_version,
+            "ef_search": a.ef_search,
+            "nprobe": a.nprobe,
+            "enqueued_at": time.time(),
+        }
         try:
-            await asyncio.wait_for(publish, _ENQUEUE_TIMEOUT_S)
+            await self._coalescer.submit(item)
         except Exception as exc:
             raise ApiError(
                 503, "unavailable", f"could not enqueue the request: {exc!r}", headers={"Retry-After": "1"}
             ) from exc
 
-    def events(self, request_id: str, *, after: str = "0-0") -> AsyncIterator[Event]:
-        return read_events(
-            self._redis, self._keys, request_id, after=after, timeout_s=self._settings.request_timeout_s
-        )
-
-    async def answer(self, request_id: str, req: QueryRequest) -> QueryResponse:
-        started = time.perf_counter()
-        await self.submit(request_id, req)
-        sources: list[dict[str, Any]] = []
+    async def events(
+        self, request_id: str, *, after: str = "0-0", settle: bool = False
+    ) -> AsyncIterator[Event]:
+        """The request's events; with ``settle`` the coalescer learns when retrieval answered."""
+        pending = settle
         try:
-            async for event in self.events(request_id):
+            async for event in read_events(
+                self._redis, self._keys, request_id, after=after, timeout_s=self._settings.request_timeout_s
+            ):
+                if pending:
+                    pending = False
+                    self._coalescer.settle()
+                yield event
+        finally:
+            if pending:
+                self._coalescer.settle()
+
+    async def answer(self, request_id: str, req: QueryRequest) -> QueryResponse | bytes:
+        """A full response, or the cached response's JSON bytes (spliced with this request's id)."""
+        started = time.perf_counter()
+        a = self.admit(req)
+        found, key = await self.lookup(a, request_id, single_flight=True)
+        if found.outcome is Outcome.HIT:
+            return b'{"request_id":"' + request_id.encode() + b'",' + found.body[1:]
+        source_id = found.leader if found.outcome is Outcome.FOLLOW else request_id
+        leading = found.outcome is Outcome.LEAD
+        if found.outcome is not Outcome.FOLLOW:
+            await self.enqueue(request_id, a, index_version=found.version)
+        try:
+            response, version = await self._collect(
+                request_id, source_id, started, settle=source_id == request_id
+            )
+        except BaseException:
+            if leading:
+                await self._cache.release(key, request_id)
+            raise
+        # Cache only what was computed on the version the key names (a re-ingest may have raced).
+        if version != found.version:
+            if leading:
+                await self._cache.release(key, request_id)
+        elif leading or found.outcome is Outcome.MISS:
+            cached = response.model_copy(update={"cached": True})
+            await self._cache.store(
+                key,
+                cached.model_dump_json(exclude={"request_id"}).encode(),
+                leader=request_id if leading else "",
+            )
+        return response
+
+    async def _collect(
+        self, request_id: str, source_id: str, started: float, *, settle: bool
+    ) -> tuple[QueryResponse, str | None]:
+        """The response built from ``source_id``'s events, and the index version it was computed on."""
+        sources: list[dict[str, Any]] = []
+        version: str | None = None
+        try:
+            async for event in self.events(source_id, settle=settle):
                 if event.type == "sources":
                     sources = event.data["sources"]
+                    version = event.data.get("index_version")
                 elif event.type == "error":
                     status = int(event.data.get("status", 500))
                     raise ApiError(
@@ -101,13 +205,14 @@ class QueryService:
                         "total_ms": (time.perf_counter() - started) * 1000,
                     }
                     usage = event.data.get("usage")
-                    return QueryResponse(
+                    response = QueryResponse(
                         request_id=request_id,
                         answer=event.data.get("answer"),
                         sources=[Source(**s) for s in sources],
                         timings=Timings(**{k: v for k, v in timings.items() if k in Timings.model_fields}),
                         usage=Usage(**usage) if usage else None,
                     )
+                    return response, version
         except EventTimeout as exc:
             raise ApiError(
                 504, "timeout", f"no answer within {self._settings.request_timeout_s:.0f}s"

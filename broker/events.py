@@ -49,6 +49,35 @@ class EventWriter:
         return bool(last) and last[0][1].get(b"type", b"").decode() in FINAL_EVENTS
 
 
+def emit_many(
+    client: redis.Redis,
+    keys: Keys,
+    events: list[tuple[str, EventType, dict[str, Any]]],
+    *,
+    ttl_s: int,
+    maxlen: int,
+) -> None:
+    """Append events for many requests in one round trip (a retrieval batch answers all at once)."""
+    pipe = client.pipeline(transaction=False)
+    for request_id, type_, data in events:
+        key = keys.events(request_id)
+        pipe.xadd(key, {"type": type_, "data": json.dumps(data)}, maxlen=maxlen, approximate=True)
+        pipe.expire(key, ttl_s)
+    pipe.execute()
+
+
+def finished(client: redis.Redis, keys: Keys, request_ids: list[str]) -> set[str]:
+    """Which of these requests already have their final event (one round trip)."""
+    pipe = client.pipeline(transaction=False)
+    for request_id in request_ids:
+        pipe.xrevrange(keys.events(request_id), count=1)
+    done = set()
+    for request_id, last in zip(request_ids, pipe.execute(), strict=True):
+        if last and last[0][1].get(b"type", b"").decode() in FINAL_EVENTS:
+            done.add(request_id)
+    return done
+
+
 def _decode(entry_id: bytes, fields: dict[bytes, bytes]) -> Event:
     return Event(
         id=entry_id.decode(),

@@ -21,3 +21,12 @@ class Keys:
     def workers(self, queue: str) -> str:
         """Sorted set: live worker id -> last heartbeat (unix seconds)."""
         return f"{self.prefix}:workers:{queue}"
+
+    @property
+    def result_cache(self) -> str:
+        """Prefix of level-1 cache entries; ``<this>:lru`` is their recency index."""
+        return f"{self.prefix}:qc"
+
+    def embedding(self, digest: str) -> str:
+        """Level-2 cache: text digest -> float32 embedding bytes."""
+        return f"{self.prefix}:emb:{digest}"

@@ -47,6 +47,30 @@ class Settings(BaseSettings):
     hnsw_m: int = 32
     hnsw_ef_construction: int = 200
     hnsw_ef_search: int = 64
+    # Per-query overrides are clamped to these bounds.
+    max_ef_search: int = 512
+    # IVF-PQ with a refine stage (`ragline ingest --index-type ivfpq`) for corpora too big for HNSW.
+    ivf_nlist: int = 0  # 0: about 4·√N, capped so each list trains on enough points
+    ivf_pq_m: int = 48  # sub-quantizers; must divide the embedding dimension
+    ivf_nprobe: int = 16
+    max_nprobe: int = 256
+    ivf_refine: str = "sq8"  # "sq8" (1 byte/dim) or "flat" (4 bytes/dim) re-ranking of candidates
+    ivf_refine_k_factor: float = 4.0
+    # faiss uses BLAS for exact distance batches of at least this many queries (its own default,
+    # 128000 in faiss 1.15, keeps batched searches off BLAS).
+    faiss_blas_threshold: int = 16
+
+    # -- retrieval under load -------------------------------------------------------------
+    # The API gathers concurrent queries for up to this window (or until the batch is full) and
+    # sends them as one task: one embedding call and one search per batch. A query arriving
+    # when nothing is in flight is sent at once.
+    coalesce_window_ms: float = 5.0
+    coalesce_max_batch: int = 64
+    result_cache_ttl_s: int = 3600
+    result_cache_max_entries: int = 100_000
+    # Followers of an identical in-flight query wait at most this long before computing it themselves.
+    single_flight_ttl_s: float = 30.0
+    embedding_cache_ttl_s: int = 7 * 24 * 3600
 
     # -- generation engine ------------------------------------------------------------------
     dtype: str = "bfloat16"

@@ -29,12 +29,18 @@ def _ingest(args: argparse.Namespace, settings: Settings) -> int:
     from workers.retrieval.ingest import ingest
 
     started = time.perf_counter()
-    report = ingest(settings, [Path(p) for p in args.paths], index_name=args.index or settings.default_index)
+    report = ingest(
+        settings,
+        [Path(p) for p in args.paths],
+        index_name=args.index or settings.default_index,
+        index_type=args.index_type,
+    )
     info = report.info
     print(
         f"index {info.name!r} version {info.version}: {info.chunks} chunks from {report.files} files, "
-        f"{info.index_type} {info.dim}-d, {report.bytes_per_vector:.0f} bytes/vector, "
-        f"{time.perf_counter() - started:.1f}s"
+        f"{info.index_type} {info.dim}-d, {time.perf_counter() - started:.1f}s\n"
+        f"memory per vector: this index {report.bytes_per_vector:.0f} B on disk; by type: "
+        + ", ".join(f"{kind} ~{size} B" for kind, size in report.estimates.items())
     )
     return 0
 
@@ -110,6 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     ingest = sub.add_parser("ingest", help="build or replace an index from .txt/.md/.rst/.html files")
     ingest.add_argument("paths", nargs="+", help="files or folders")
     ingest.add_argument("--index", help="index name (default: RAGLINE_DEFAULT_INDEX)")
+    ingest.add_argument(
+        "--index-type",
+        choices=["hnsw", "ivfpq"],
+        default="hnsw",
+        help="hnsw (default; fast, ~1.8 KB/vector at 384-d) or ivfpq (IVF-PQ + refine, for large corpora)",
+    )
     ingest.set_defaults(func=_ingest)
 
     worker = sub.add_parser("worker", help="run a Celery worker")

@@ -15,7 +15,6 @@ from pathlib import Path
 from broker.settings import Settings
 
 _TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
-_RETRIEVAL_THREADS = 8
 
 
 def api_command(settings: Settings) -> list[str]:
@@ -38,27 +37,16 @@ def api_command(settings: Settings) -> list[str]:
 
 
 def worker_command(kind: str, settings: Settings) -> list[str]:
-    concurrency = settings.max_num_seqs if kind == "generation" else _RETRIEVAL_THREADS
+    # Retrieval batches run one at a time on the main thread (see workers/retrieval/app.py);
+    # generation needs a thread per request in flight so the engine can batch them.
+    pool = ["-P", "threads", "-c", str(settings.max_num_seqs)] if kind == "generation" else ["-P", "solo"]
     return [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        f"workers.{kind}.app:app",
-        "worker",
-        "-Q",
-        kind,
-        "-P",
-        "threads",
-        "-c",
-        str(concurrency),
+        *(sys.executable, "-m", "celery", "-A", f"workers.{kind}.app:app", "worker", "-Q", kind),
+        *pool,
         "--prefetch-multiplier=1",
         "--without-gossip",
         "--without-mingle",
-        "-n",
-        f"{kind}-{uuid.uuid4().hex[:6]}@%h",
-        "-l",
-        "INFO",
+        *("-n", f"{kind}-{uuid.uuid4().hex[:6]}@%h", "-l", "INFO"),
     ]
 
 

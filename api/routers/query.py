@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Header, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from api.errors import ApiError
 from api.protocol import ErrorBody, QueryRequest, QueryResponse
 from api.serving import QueryService
 from api.sse import frame
 from broker.events import EventTimeout
+from broker.result_cache import Outcome
 
 router = APIRouter(prefix="/v1", tags=["query"])
 
@@ -31,13 +33,28 @@ def _service(request: Request) -> QueryService:
 
 
 @router.post("/query", response_model=QueryResponse, responses=_ERRORS)
-async def query(body: QueryRequest, request: Request) -> QueryResponse:
-    return await _service(request).answer(request.state.request_id, body)
+async def query(body: QueryRequest, request: Request) -> QueryResponse | Response:
+    answer = await _service(request).answer(request.state.request_id, body)
+    if isinstance(answer, bytes):  # a cache hit, already JSON
+        return Response(content=answer, media_type="application/json")
+    return answer
 
 
-async def _relay(service: QueryService, request_id: str, after: str, started: float) -> AsyncIterator[bytes]:
+async def _replay(request_id: str, cached: bytes) -> AsyncIterator[bytes]:
+    """A cached answer as a stream: its sources, the whole answer as one token, done."""
+    body = json.loads(cached)
+    yield frame("sources", {"sources": body["sources"]}, event_id="0-1")
+    if body.get("answer"):
+        yield frame("token", {"text": body["answer"]}, event_id="0-2")
+    done = {k: body.get(k) for k in ("answer", "usage", "timings")}
+    yield frame("done", {**done, "request_id": request_id, "cached": True}, event_id="0-3")
+
+
+async def _relay(
+    service: QueryService, request_id: str, after: str, started: float, *, settle: bool = False
+) -> AsyncIterator[bytes]:
     try:
-        async for event in service.events(request_id, after=after):
+        async for event in service.events(request_id, after=after, settle=settle):
             data = event.data
             if event.type == "done":
                 timings = {**data.get("timings", {}), "total_ms": (time.perf_counter() - started) * 1000}
@@ -52,9 +69,16 @@ async def query_stream(body: QueryRequest, request: Request) -> StreamingRespons
     service = _service(request)
     request_id = request.state.request_id
     started = time.perf_counter()
-    await service.submit(request_id, body)
+    admitted = service.admit(body)
+    # Streams skip single flight: a client resumes by its own request id, so it needs its own stream.
+    found, _key = await service.lookup(admitted, request_id, single_flight=False)
+    if found.outcome is Outcome.HIT:
+        stream = _replay(request_id, found.body)
+    else:
+        await service.enqueue(request_id, admitted, index_version=found.version)
+        stream = _relay(service, request_id, "0-0", started, settle=True)
     return StreamingResponse(
-        _relay(service, request_id, "0-0", started),
+        stream,
         media_type="text/event-stream",
         headers={**_SSE_HEADERS, "X-Request-Id": request_id},
     )

@@ -20,8 +20,9 @@ class BuiltPrompt:
 
 
 def _render(tokenizer: Any, query: str, sources: list[dict[str, Any]]) -> str:
-    # Same sources in the same order give the same token prefix, so the engine reuses its KV cache.
-    ordered = sorted(sources, key=lambda s: s["chunk_id"])
+    # Best source first (a small model leans on what it reads first); ties by chunk id, so the
+    # same sources always give the same tokens after the fixed system prefix (prefix cache).
+    ordered = sorted(sources, key=lambda s: (-s["score"], s["chunk_id"]))
     context = "\n\n".join(f"[{n}] {s['title']}\n{s['text']}" for n, s in enumerate(ordered, start=1))
     messages = [
         {"role": "system", "content": SYSTEM_PROMPT},

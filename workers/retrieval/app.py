@@ -1,25 +1,32 @@
-"""The retrieval worker: ``celery -A workers.retrieval.app:app worker -Q retrieval``."""
+"""The retrieval worker: ``celery -A workers.retrieval.app:app worker -Q retrieval -P solo``.
+
+The API sends coalesced batches, so one task is many queries. The solo pool runs each batch on
+the main thread: encoding there avoids the OpenMP spin-wait penalty of a pool thread (measured
+~2× for a lone query), and batches need no concurrency inside one process — the encoder uses
+every core it is given. Scale out with processes.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from celery.signals import worker_init
 
 from broker import indexes
 from broker.celery_app import create_celery
-from broker.events import EventWriter
+from broker.events import emit_many, finished
 from broker.keys import Keys
 from broker.queues import GENERATE_TASK, GENERATION_QUEUE, RETRIEVAL_QUEUE, RETRIEVE_TASK
 from broker.redis_pool import sync_client
 from broker.settings import get_settings
 from workers import heartbeat
 from workers.retrieval import index_store
+from workers.retrieval.batch import BatchRetriever
 from workers.retrieval.embedder import Embedder
-from workers.retrieval.index_store import IndexCache, UnknownIndex
+from workers.retrieval.embedding_cache import EmbeddingCache
+from workers.retrieval.index_store import IndexCache
 
 log = logging.getLogger(__name__)
 settings = get_settings()
@@ -27,25 +34,21 @@ keys = Keys(settings.key_prefix)
 app = create_celery(settings)
 heartbeat.install(app, RETRIEVAL_QUEUE, settings)
 
-
-@dataclass(slots=True)
-class _State:
-    embedder: Embedder
-    indexes: IndexCache
+_retriever: BatchRetriever | None = None
 
 
-_state: _State | None = None
-
-
-def state() -> _State:
-    global _state
-    if _state is None:
+def retriever() -> BatchRetriever:
+    global _retriever
+    if _retriever is None:
         client = sync_client(settings)
-        _state = _State(
-            embedder=Embedder(settings),
-            indexes=IndexCache(client, keys, ef_search=settings.hnsw_ef_search),
+        embedder = Embedder(settings)
+        cache = EmbeddingCache(
+            client, keys, model_id=embedder.model_id, dim=embedder.dim, ttl_s=settings.embedding_cache_ttl_s
         )
-    return _state
+        _retriever = BatchRetriever(
+            settings, embedder, cache, IndexCache(client, keys, ef_search=settings.hnsw_ef_search)
+        )
+    return _retriever
 
 
 @worker_init.connect(weak=False)
@@ -55,56 +58,42 @@ def _warm_up(**_: object) -> None:
     for info in index_store.current_on_disk(settings.indexes_dir):
         if indexes.lookup(client, keys, info.name) is None:
             indexes.register(client, keys, info)
-    state().embedder.encode(["warm up"])
-
-
-def _writer(request_id: str) -> EventWriter:
-    return EventWriter(
-        sync_client(settings),
-        keys,
-        request_id,
-        ttl_s=settings.event_stream_ttl_s,
-        maxlen=settings.event_stream_maxlen,
-    )
+    retriever()
 
 
 @app.task(name=RETRIEVE_TASK)
-def retrieve(*, request_id: str, query: str, top_k: int, mode: str, index: str, enqueued_at: float) -> None:
+def retrieve(*, requests: list[dict[str, Any]]) -> None:
     picked_at = time.time()
-    writer = _writer(request_id)
-    if writer.has_final():  # redelivered after it already finished
-        return
-    timings: dict[str, float] = {"queue_ms": max(0.0, (picked_at - enqueued_at) * 1000)}
-    try:
-        loaded = state().indexes.get(index)
-    except UnknownIndex:
-        writer.emit("error", {"status": 404, "message": f"unknown index {index!r}"})
+    client = sync_client(settings)
+    # A redelivered batch (its worker died) skips the requests that already finished.
+    done = finished(client, keys, [r["request_id"] for r in requests])
+    pending = [r for r in requests if r["request_id"] not in done]
+    if not pending:
         return
     try:
-        started = time.perf_counter()
-        vectors = state().embedder.encode([query])
-        hits = loaded.search(vectors, top_k)[0]
-        timings["retrieval_ms"] = (time.perf_counter() - started) * 1000
+        result = retriever().run(pending, picked_at=picked_at)
     except Exception as exc:
-        log.exception("retrieval failed for %s", request_id)
-        writer.emit("error", {"status": 500, "message": f"retrieval failed: {exc}"})
+        log.exception("retrieval batch of %d failed", len(pending))
+        events = [
+            (r["request_id"], "error", {"status": 500, "message": f"retrieval failed: {exc}"})
+            for r in pending
+        ]
+        emit_many(
+            client, keys, events, ttl_s=settings.event_stream_ttl_s, maxlen=settings.event_stream_maxlen
+        )
         return
-    sources: list[dict[str, Any]] = [
-        {"chunk_id": c.chunk_id, "source": c.source, "title": c.title, "text": c.text, "score": score}
-        for c, score in hits
-    ]
-    writer.emit("sources", {"sources": sources, "index_version": loaded.info.version})
-    if mode == "retrieval":
-        writer.emit("done", {"answer": None, "usage": None, "timings": timings})
-        return
-    app.send_task(
-        GENERATE_TASK,
-        kwargs={
-            "request_id": request_id,
-            "query": query,
-            "sources": sources,
-            "timings": timings,
-            "enqueued_at": time.time(),
-        },
-        queue=GENERATION_QUEUE,
+    emit_many(
+        client, keys, result.events, ttl_s=settings.event_stream_ttl_s, maxlen=settings.event_stream_maxlen
     )
+    for r in result.to_generate:
+        app.send_task(
+            GENERATE_TASK,
+            kwargs={
+                "request_id": r["request_id"],
+                "query": r["query"],
+                "sources": r["sources"],
+                "timings": r["timings"],
+                "enqueued_at": time.time(),
+            },
+            queue=GENERATION_QUEUE,
+        )

@@ -27,7 +27,8 @@ class Embedder:
 
         # faiss, torch and the other process share few cores: never let torch take them all.
         torch.set_num_threads(settings.torch_threads)
-        self._model = SentenceTransformer(embedding_model_path(settings), device="cpu")
+        self.model_id = embedding_model_path(settings)
+        self._model = SentenceTransformer(self.model_id, device="cpu")
         self._batch_size = settings.embed_batch_size
         # One encode at a time: concurrent encodes on 2 cores only fight over them.
         self._lock = threading.Lock()

@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import faiss
@@ -39,15 +40,45 @@ class HnswParams:
     ef_search: int
 
 
+@dataclass(frozen=True, slots=True)
+class IvfPqParams:
+    nlist: int  # 0: derived from the corpus size
+    pq_m: int
+    refine: str  # "sq8" or "flat"
+
+
+@dataclass(frozen=True, slots=True)
+class SearchKnobs:
+    """Per-search effort: HNSW's efSearch, IVF's nprobe and refine factor (None: the index's own)."""
+
+    ef_search: int | None = None
+    nprobe: int | None = None
+    refine_k_factor: float = 4.0
+
+
 @dataclass(slots=True)
 class LoadedIndex:
     info: IndexInfo
     index: faiss.Index
     chunks: list[Chunk]
 
-    def search(self, vectors: np.ndarray, top_k: int) -> list[list[tuple[Chunk, float]]]:
+    def _params(self, knobs: SearchKnobs) -> faiss.SearchParameters | None:
+        if self.info.index_type == "hnsw" and knobs.ef_search:
+            return faiss.SearchParametersHNSW(efSearch=knobs.ef_search)
+        if self.info.index_type == "ivfpq":
+            base = faiss.SearchParametersIVF(nprobe=knobs.nprobe) if knobs.nprobe else None
+            return faiss.IndexRefineSearchParameters(k_factor=knobs.refine_k_factor, base_index_params=base)
+        return None
+
+    def search(
+        self, vectors: np.ndarray, top_k: int, knobs: SearchKnobs = SearchKnobs()
+    ) -> list[list[tuple[Chunk, float]]]:
+        """One faiss call for the whole batch of query vectors."""
         k = min(top_k, len(self.chunks))
-        scores, ids = self.index.search(vectors, k)
+        params = self._params(knobs)
+        scores, ids = (
+            self.index.search(vectors, k, params=params) if params else self.index.search(vectors, k)
+        )
         return [
             [(self.chunks[i], float(s)) for i, s in zip(row_ids, row_scores, strict=True) if i >= 0]
             for row_ids, row_scores in zip(ids, scores, strict=True)
@@ -62,6 +93,41 @@ def build_hnsw(vectors: np.ndarray, params: HnswParams) -> faiss.Index:
     return index
 
 
+_MIN_POINTS_PER_CENTROID = 39  # below this faiss' k-means warns and clusters poorly
+
+
+def ivfpq_spec(n: int, dim: int, params: IvfPqParams) -> str:
+    nlist = params.nlist or int(4 * np.sqrt(n))
+    nlist = max(1, min(nlist, n // _MIN_POINTS_PER_CENTROID))
+    if dim % params.pq_m:
+        raise ValueError(f"ivf_pq_m={params.pq_m} must divide the embedding dimension {dim}")
+    # 8-bit codes need 256·39 training points; small corpora get fewer bits per code.
+    nbits = int(max(1, min(8, np.floor(np.log2(max(2, n // _MIN_POINTS_PER_CENTROID))))))
+    refine = {"sq8": "Refine(SQ8)", "flat": "Refine(Flat)"}[params.refine]
+    return f"IVF{nlist},PQ{params.pq_m}x{nbits},{refine}"
+
+
+def build_ivfpq(vectors: np.ndarray, params: IvfPqParams, *, nprobe: int) -> faiss.Index:
+    """IVF-PQ for the candidates, re-ranked by SQ8 or exact vectors: far less memory than HNSW."""
+    index = faiss.index_factory(
+        vectors.shape[1], ivfpq_spec(len(vectors), vectors.shape[1], params), faiss.METRIC_INNER_PRODUCT
+    )
+    index.train(vectors)
+    index.add(vectors)
+    faiss.extract_index_ivf(index).nprobe = nprobe
+    return index
+
+
+def bytes_per_vector_estimates(dim: int, *, hnsw_m: int, pq_m: int) -> dict[str, int]:
+    """What each index type costs per vector (ids and graph links included), for the ingest report."""
+    return {
+        "flat": 4 * dim,
+        "hnsw": 4 * dim + 2 * hnsw_m * 4,
+        "ivfpq+sq8": pq_m + 8 + dim,
+        "ivfpq+flat": pq_m + 8 + 4 * dim,
+    }
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
     tmp.write_text(text)
@@ -72,7 +138,8 @@ def save(
     root: Path, name: str, index: faiss.Index, chunks: list[Chunk], *, index_type: str = "hnsw"
 ) -> IndexInfo:
     """Persist a new version of ``name`` and make it CURRENT; returns its description."""
-    version = time.strftime("%Y%m%d%H%M%S") + "-" + uuid.uuid4().hex[:6]
+    # Sortable to the microsecond: pruning keeps the newest by name.
+    version = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ") + "-" + uuid.uuid4().hex[:6]
     base = root / name
     base.mkdir(parents=True, exist_ok=True)
     staging = base / f".tmp-{version}"
@@ -116,7 +183,7 @@ def current_on_disk(root: Path) -> list[IndexInfo]:
 def load(info: IndexInfo, *, ef_search: int) -> LoadedIndex:
     path = Path(info.path)
     index = faiss.read_index(str(path / "index.faiss"))
-    if hasattr(index, "hnsw"):
+    if isinstance(index, faiss.IndexHNSW):
         index.hnsw.efSearch = ef_search
     with (path / "chunks.jsonl").open() as src:
         chunks = [Chunk(**json.loads(line)) for line in src]
@@ -135,10 +202,12 @@ class IndexCache:
         self._checked_at: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def get(self, name: str) -> LoadedIndex:
+    def get(self, name: str, *, version: str | None = None) -> LoadedIndex:
+        """The current version of ``name``; ``version`` (what the API saw) forces a recheck if unseen."""
         now = time.monotonic()
         loaded = self._loaded.get(name)
-        if loaded is not None and now - self._checked_at.get(name, 0.0) < self._recheck_s:
+        fresh = now - self._checked_at.get(name, 0.0) < self._recheck_s
+        if loaded is not None and (loaded.info.version == version or (version is None and fresh)):
             return loaded
         info = indexes.lookup(self._client, self._keys, name)
         if info is None:

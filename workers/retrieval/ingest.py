@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import faiss
 import numpy as np
 from tqdm import tqdm
 
@@ -18,6 +19,7 @@ from broker.settings import Settings
 from workers.retrieval import index_store
 from workers.retrieval.chunking import Chunk, chunk_sections
 from workers.retrieval.embedder import Embedder
+from workers.retrieval.embedding_cache import EmbeddingCache
 from workers.retrieval.readers import is_supported, read_sections
 
 log = logging.getLogger(__name__)
@@ -28,6 +30,7 @@ class IngestReport:
     info: IndexInfo
     files: int
     bytes_per_vector: float
+    estimates: dict[str, int]
 
 
 def iter_files(paths: Iterable[Path]) -> Iterator[Path]:
@@ -53,15 +56,34 @@ def collect_chunks(paths: Iterable[Path], *, chunk_words: int, overlap_words: in
     return chunks, files
 
 
-def embed_chunks(embedder: Embedder, chunks: list[Chunk], *, batch_size: int, progress: bool) -> np.ndarray:
-    """Embed title + text in batches, with a progress bar on stderr."""
+def embed_chunks(
+    embedder: Embedder, chunks: list[Chunk], *, batch_size: int, progress: bool, cache: EmbeddingCache | None
+) -> np.ndarray:
+    """Embed title + text in batches, through the embedding cache, with a progress bar on stderr."""
     vectors = np.empty((len(chunks), embedder.dim), dtype=np.float32)
     with tqdm(total=len(chunks), desc="embedding", unit="chunk", disable=not progress) as bar:
         for start in range(0, len(chunks), batch_size):
-            batch = chunks[start : start + batch_size]
-            vectors[start : start + len(batch)] = embedder.encode([f"{c.title}\n{c.text}" for c in batch])
-            bar.update(len(batch))
+            texts = [f"{c.title}\n{c.text}" for c in chunks[start : start + batch_size]]
+            block = cache.encode(texts, embedder.encode) if cache else embedder.encode(texts)
+            vectors[start : start + len(texts)] = block
+            bar.update(len(texts))
     return vectors
+
+
+def build_index(settings: Settings, vectors: np.ndarray, index_type: str) -> faiss.Index:
+    if index_type == "hnsw":
+        params = index_store.HnswParams(
+            m=settings.hnsw_m,
+            ef_construction=settings.hnsw_ef_construction,
+            ef_search=settings.hnsw_ef_search,
+        )
+        return index_store.build_hnsw(vectors, params)
+    if index_type == "ivfpq":
+        params = index_store.IvfPqParams(
+            nlist=settings.ivf_nlist, pq_m=settings.ivf_pq_m, refine=settings.ivf_refine
+        )
+        return index_store.build_ivfpq(vectors, params, nprobe=settings.ivf_nprobe)
+    raise ValueError(f"unknown index type {index_type!r} (hnsw or ivfpq)")
 
 
 def ingest(
@@ -69,6 +91,7 @@ def ingest(
     paths: list[Path],
     *,
     index_name: str,
+    index_type: str = "hnsw",
     embedder: Embedder | None = None,
     progress: bool = True,
 ) -> IngestReport:
@@ -78,13 +101,22 @@ def ingest(
     if not chunks:
         raise ValueError("no readable text found in " + ", ".join(map(str, paths)))
     embedder = embedder or Embedder(settings)
-    vectors = embed_chunks(embedder, chunks, batch_size=settings.embed_batch_size, progress=progress)
-    params = index_store.HnswParams(
-        m=settings.hnsw_m, ef_construction=settings.hnsw_ef_construction, ef_search=settings.hnsw_ef_search
+    client = sync_client(settings)
+    keys = Keys(settings.key_prefix)
+    cache = EmbeddingCache(
+        client, keys, model_id=embedder.model_id, dim=embedder.dim, ttl_s=settings.embedding_cache_ttl_s
     )
-    index = index_store.build_hnsw(vectors, params)
-    info = index_store.save(settings.indexes_dir, index_name, index, chunks)
+    vectors = embed_chunks(
+        embedder, chunks, batch_size=settings.embed_batch_size, progress=progress, cache=cache
+    )
+    index = build_index(settings, vectors, index_type)
+    info = index_store.save(settings.indexes_dir, index_name, index, chunks, index_type=index_type)
     # Register last: workers switch only once every file of the new version is in place.
-    indexes.register(sync_client(settings), Keys(settings.key_prefix), info)
+    indexes.register(client, keys, info)
     index_bytes = Path(info.path, "index.faiss").stat().st_size
-    return IngestReport(info=info, files=files, bytes_per_vector=index_bytes / len(chunks))
+    estimates = index_store.bytes_per_vector_estimates(
+        embedder.dim, hnsw_m=settings.hnsw_m, pq_m=settings.ivf_pq_m
+    )
+    return IngestReport(
+        info=info, files=files, bytes_per_vector=index_bytes / len(chunks), estimates=estimates
+    )

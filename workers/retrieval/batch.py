@@ -1,0 +1,106 @@
+"""One retrieval batch: one embedding call and one FAISS search per index for many queries."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import faiss
+
+from broker import metrics
+from broker.events import EventType
+from broker.settings import Settings
+from workers.retrieval.embedder import Embedder
+from workers.retrieval.embedding_cache import EmbeddingCache
+from workers.retrieval.index_store import IndexCache, SearchKnobs, UnknownIndex
+
+log = logging.getLogger(__name__)
+
+Event = tuple[str, EventType, dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Retrieved:
+    """What a batch produced: events to write, and the requests that go on to generation."""
+
+    events: list[Event]
+    to_generate: list[dict[str, Any]]
+
+
+class BatchRetriever:
+    def __init__(
+        self, settings: Settings, embedder: Embedder, cache: EmbeddingCache, indexes: IndexCache
+    ) -> None:
+        self._settings = settings
+        self._embedder = embedder
+        self._cache = cache
+        self._indexes = indexes
+        faiss.cvar.distance_compute_blas_threshold = settings.faiss_blas_threshold
+
+    def _knobs(self, request: dict[str, Any]) -> SearchKnobs:
+        return SearchKnobs(
+            ef_search=request.get("ef_search"),
+            nprobe=request.get("nprobe"),
+            refine_k_factor=self._settings.ivf_refine_k_factor,
+        )
+
+    def run(self, requests: list[dict[str, Any]], *, picked_at: float) -> Retrieved:
+        events: list[Event] = []
+        to_generate: list[dict[str, Any]] = []
+        metrics.COALESCED_BATCH.observe(len(requests))
+        for r in requests:
+            metrics.QUEUE_WAIT_SECONDS.labels("retrieval").observe(max(0.0, picked_at - r["enqueued_at"]))
+
+        started = time.perf_counter()
+        texts = sorted({r["query"] for r in requests})
+        vectors = self._cache.encode(texts, self._embedder.encode)
+        row_of = {t: i for i, t in enumerate(texts)}
+        embed_s = time.perf_counter() - started
+        metrics.EMBED_SECONDS.observe(embed_s)
+
+        groups: dict[tuple[str, str | None, SearchKnobs], list[dict[str, Any]]] = defaultdict(list)
+        for r in requests:
+            groups[(r["index"], r.get("index_version"), self._knobs(r))].append(r)
+        for (index_name, version, knobs), group in groups.items():
+            try:
+                loaded = self._indexes.get(index_name, version=version)
+            except UnknownIndex:
+                events += [
+                    (r["request_id"], "error", {"status": 404, "message": f"unknown index {index_name!r}"})
+                    for r in group
+                ]
+                continue
+            search_started = time.perf_counter()
+            hits = loaded.search(
+                vectors[[row_of[r["query"]] for r in group]], max(r["top_k"] for r in group), knobs
+            )
+            search_s = time.perf_counter() - search_started
+            metrics.SEARCH_SECONDS.observe(search_s)
+            for r, found in zip(group, hits, strict=True):
+                sources = [
+                    {
+                        "chunk_id": c.chunk_id,
+                        "source": c.source,
+                        "title": c.title,
+                        "text": c.text,
+                        "score": score,
+                    }
+                    for c, score in found[: r["top_k"]]
+                ]
+                timings = {
+                    "queue_ms": max(0.0, (picked_at - r["enqueued_at"]) * 1000),
+                    "retrieval_ms": (embed_s + search_s) * 1000,
+                }
+                events.append(
+                    (r["request_id"], "sources", {"sources": sources, "index_version": loaded.info.version})
+                )
+                if r["mode"] == "retrieval":
+                    events.append(
+                        (r["request_id"], "done", {"answer": None, "usage": None, "timings": timings})
+                    )
+                else:
+                    to_generate.append({**r, "sources": sources, "timings": timings})
+        return Retrieved(events, to_generate)
