@@ -86,3 +86,7 @@ class ResultCache:
                 leader,
             ]
         )
+
+    async def release(self, key: str, leader: str) -> None:
+        """Give up a single-flight claim (the leader failed): the next request computes afresh."""
+        await self._release(keys=[f"{key}:sf"], args=[leader])

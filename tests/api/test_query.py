@@ -141,3 +141,31 @@ def test_concurrent_queries_all_answer(client: httpx.Client, workers) -> None:
         replies = list(pool.map(lambda q: client.post("/v1/query", json={"query": q}), questions))
     assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
     assert all(r.json()["answer"] for r in replies)
+
+
+def test_identical_concurrent_queries_are_computed_once(
+    client: httpx.Client, workers, redis_url: str
+) -> None:
+    import concurrent.futures as cf
+
+    question = "What is the house speciality at Café Lumière?"
+    variants = [question, question.upper(), f"  {question} ", "what is the house speciality at café lumière"]
+    with pushed_queues(redis_url) as pushed, cf.ThreadPoolExecutor(len(variants)) as pool:
+        replies = list(pool.map(lambda q: client.post("/v1/query", json={"query": q}), variants))
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+    assert len({r.json()["answer"] for r in replies}) == 1
+    assert len({r.json()["request_id"] for r in replies}) == len(variants)
+    assert pushed.count("generation") == 1  # one generation for all four
+
+
+def test_cache_hit_touches_no_queue(client: httpx.Client, workers, redis_url: str) -> None:
+    body = {"query": "Is the Vellmar library open on Mondays?", "mode": "retrieval"}
+    first = client.post("/v1/query", json=body)
+    assert first.status_code == 200 and first.json()["cached"] is False
+    with pushed_queues(redis_url) as pushed:
+        again = client.post("/v1/query", json={**body, "query": "is the vellmar library open on mondays"})
+    assert again.status_code == 200, again.text
+    hit = again.json()
+    assert hit["cached"] is True and hit["request_id"] != first.json()["request_id"]
+    assert hit["sources"] == first.json()["sources"]
+    assert pushed == []

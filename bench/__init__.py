@@ -1,0 +1,1 @@
+"""Benchmarks: each prints side-by-side ratios measured in one run on this machine."""

@@ -1,0 +1,349 @@
+"""Retrieval under load: ragline's path vs the naive path, side by side, in one run.
+
+    .venv/bin/python -m bench.retrieval [--docs /usr/share/doc/python3.11/html/_sources] [--duration 10]
+
+Corpus: the Python 3.11 docs (Debian's python3.11-doc), chunked and ingested once (cached in
+RAGLINE_HOME; embeddings cached in Redis). Servers run one at a time on this machine; wrk (one
+thread) drives each at 1, 16 and 64 connections. Also measured: the floor for any cache hit (one
+Redis GET behind the same framework), the ceiling (one process encoding and searching 64 queries
+as one batch), and recall@10 / MRR@10 on the FAQ question → section labels for HNSW and IVF-PQ
+with refine against exact search. The last line printed is one JSON object with the headline ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from bench.loadgen import LoadResult, run_wrk
+from broker.settings import Settings
+
+CONCURRENCY = (1, 16, 64)
+DEFAULT_DOCS = Path("/usr/share/doc/python3.11/html/_sources")
+INDEX = "pydocs"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env(settings: Settings, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    for name, value in settings.model_dump().items():
+        env[f"RAGLINE_{name.upper()}"] = str(value)
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **extra)
+    return env
+
+
+@dataclass
+class Server:
+    procs: list[subprocess.Popen[bytes]]
+    url: str
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def _start(cmds: list[list[str]], env: dict[str, str], url: str, probe: dict[str, object]) -> Server:
+    procs = [
+        subprocess.Popen(
+            c, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        for c in cmds
+    ]
+    server = Server(procs, url)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs):
+            server.stop()
+            raise RuntimeError(f"a server for {url} exited early: {cmds}")
+        try:
+            if httpx.post(url + "/v1/query", json=probe, timeout=10).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    server.stop()
+    raise RuntimeError(f"{url} did not answer in time")
+
+
+def ensure_index(settings: Settings, docs: Path) -> None:
+    from broker import indexes
+    from broker.keys import Keys
+    from broker.redis_pool import sync_client
+    from workers.retrieval import index_store
+    from workers.retrieval.ingest import ingest
+
+    client, keys = sync_client(settings), Keys(settings.key_prefix)
+    if indexes.lookup(client, keys, INDEX) is None:
+        for info in index_store.current_on_disk(settings.indexes_dir):
+            indexes.register(client, keys, info)
+    if indexes.lookup(client, keys, INDEX) is None:
+        print(f"ingesting {docs} (once; embeddings are cached)", flush=True)
+        ingest(settings, [docs], index_name=INDEX)
+
+
+def faq_labels(docs: Path) -> list[tuple[str, str, str]]:
+    """(question, source, section title) for every FAQ section whose title is a question."""
+    from workers.retrieval.readers import read_sections
+
+    labels = []
+    for path in sorted((docs / "faq").glob("*.rst.txt")):
+        for section in read_sections(path):
+            if section.title.endswith("?"):
+                labels.append((section.title, str(path), section.title))
+    return labels
+
+
+def load_queries(settings: Settings) -> list[str]:
+    """Distinct natural queries: the first words of every chunk of the corpus."""
+    from broker import indexes
+    from broker.keys import Keys
+    from broker.redis_pool import sync_client
+
+    info = indexes.lookup(sync_client(settings), Keys(settings.key_prefix), INDEX)
+    assert info is not None
+    queries = []
+    with open(Path(info.path) / "chunks.jsonl") as src:
+        for line in src:
+            words = json.loads(line)["text"].split()[:12]
+            if len(words) >= 4:
+                queries.append(" ".join(words))
+    random.Random(0).shuffle(queries)
+    return queries
+
+
+def recall_and_ceiling(settings: Settings, labels: list[tuple[str, str, str]]) -> dict[str, float]:
+    import faiss
+
+    from broker import indexes
+    from broker.keys import Keys
+    from broker.redis_pool import sync_client
+    from workers.retrieval import index_store
+    from workers.retrieval.embedder import Embedder
+
+    info = indexes.lookup(sync_client(settings), Keys(settings.key_prefix), INDEX)
+    assert info is not None
+    hnsw = index_store.load(info, ef_search=settings.hnsw_ef_search)
+    vectors = hnsw.index.reconstruct_n(0, hnsw.index.ntotal)
+    flat = faiss.IndexFlatIP(vectors.shape[1])
+    flat.add(vectors)
+    ivf = index_store.build_ivfpq(
+        vectors,
+        index_store.IvfPqParams(nlist=settings.ivf_nlist, pq_m=settings.ivf_pq_m, refine=settings.ivf_refine),
+        nprobe=settings.ivf_nprobe,
+    )
+    embedder = Embedder(settings)
+    q = embedder.encode([question for question, _, _ in labels])
+    relevant = [
+        {i for i, c in enumerate(hnsw.chunks) if c.source == src and c.title == title}
+        for _, src, title in labels
+    ]
+    knobs = index_store.SearchKnobs(refine_k_factor=settings.ivf_refine_k_factor)
+    ivf_loaded = index_store.LoadedIndex(
+        info=info.__class__(**{**info.__dict__, "index_type": "ivfpq"}) if False else _as_type(info, "ivfpq"),
+        index=ivf,
+        chunks=hnsw.chunks,
+    )
+    out: dict[str, float] = {}
+    for name, index in (("flat", flat), ("hnsw", hnsw.index)):
+        _, ids = index.search(q, 10)
+        out.update(_rank_metrics(name, ids, relevant))
+    ids = np.array(
+        [[hnsw.chunks.index(c) for c, _ in row] for row in ivf_loaded.search(q, 10, knobs)], dtype=object
+    )
+    out.update(_rank_metrics("ivfpq", ids, relevant))
+
+    # Ceiling: 64 queries encoded as one batch and searched as one batch, best of several runs.
+    batch = [question for question, _, _ in labels][:64]
+    best = float("inf")
+    for _ in range(8):
+        started = time.perf_counter()
+        hnsw.search(embedder.encode(batch), 5)
+        best = min(best, time.perf_counter() - started)
+    out["ceiling_qps"] = len(batch) / best
+    return out
+
+
+def _as_type(info: object, index_type: str) -> object:
+    from dataclasses import replace
+
+    return replace(info, index_type=index_type)  # type: ignore[type-var]
+
+
+def _rank_metrics(name: str, ids: np.ndarray, relevant: list[set[int]]) -> dict[str, float]:
+    hits, rr = 0, 0.0
+    for row, rel in zip(ids, relevant, strict=True):
+        ranks = [r for r, i in enumerate(row[:10]) if int(i) in rel]
+        if ranks:
+            hits += 1
+            rr += 1 / (ranks[0] + 1)
+    return {f"{name}_recall_at_10": hits / len(relevant), f"{name}_mrr_at_10": rr / len(relevant)}
+
+
+def measure(
+    url: str, queries: list[str], *, unique: bool, duration: float, extra: str = ""
+) -> list[LoadResult]:
+    results = []
+    for c in CONCURRENCY:
+        results.append(
+            run_wrk(url, queries, connections=c, duration_s=duration, unique=unique, extra_json=extra)
+        )
+        print(f"  {url} c={c}: {results[-1].row()}", flush=True)
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--docs", type=Path, default=DEFAULT_DOCS)
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--home", type=Path, default=Path.home() / ".cache" / "ragline-bench")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/7")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    args = parser.parse_args()
+    if not args.docs.exists():
+        raise SystemExit(f"{args.docs} not found: apt-get install python3.11-doc")
+
+    settings = Settings(home=args.home, redis_url=args.redis_url, default_index=INDEX, torch_threads=2)
+    (args.home / "models").parent.mkdir(parents=True, exist_ok=True)
+    ensure_index(settings, args.docs)
+    labels = faq_labels(args.docs)
+    queries = load_queries(settings)
+    print(f"{len(labels)} FAQ labels, {len(queries)} distinct load queries", flush=True)
+
+    print("recall and ceiling (alone on the machine)", flush=True)
+    quality = recall_and_ceiling(settings, labels)
+    print("  ", quality, flush=True)
+
+    import redis
+
+    redis.Redis.from_url(args.redis_url).set(
+        "ragline-bench:floor", json.dumps({"sources": [], "answer": None})
+    )
+    results: dict[str, list[LoadResult]] = {}
+    retrieval_only = ', "mode": "retrieval"'
+
+    port = _free_port()
+    print("naive server", flush=True)
+    naive = _start(
+        [[sys.executable, "-m", "bench.servers", "naive", "--port", str(port)]],
+        _env(settings),
+        f"http://127.0.0.1:{port}",
+        {"query": "warm up"},
+    )
+    try:
+        results["naive"] = measure(naive.url, queries, unique=True, duration=args.duration)
+    finally:
+        naive.stop()
+
+    port = _free_port()
+    print("ragline (API + retrieval worker)", flush=True)
+    env = _env(settings.model_copy(update={"api_port": port}))
+    ragline = _start(
+        [[sys.executable, "-m", "ragline", "worker", "retrieval"], [sys.executable, "-m", "ragline", "api"]],
+        env,
+        f"http://127.0.0.1:{port}",
+        {"query": "warm up", "mode": "retrieval"},
+    )
+    try:
+        results["ragline_cold"] = measure(
+            ragline.url, queries, unique=True, duration=args.duration, extra=retrieval_only
+        )
+        warm_set = queries[:200]
+        run_wrk(ragline.url, warm_set, connections=8, duration_s=3, unique=False, extra_json=retrieval_only)
+        results["ragline_warm"] = measure(
+            ragline.url, warm_set, unique=False, duration=args.duration, extra=retrieval_only
+        )
+    finally:
+        ragline.stop()
+
+    port = _free_port()
+    print("floor (one Redis GET)", flush=True)
+    floor = _start(
+        [[sys.executable, "-m", "bench.servers", "floor", "--port", str(port)]],
+        _env(settings),
+        f"http://127.0.0.1:{port}",
+        {"query": "x"},
+    )
+    try:
+        results["floor"] = measure(floor.url, ["x"], unique=False, duration=args.duration)
+    finally:
+        floor.stop()
+
+    return report(results, quality, args.out)
+
+
+def report(results: dict[str, list[LoadResult]], quality: dict[str, float], out: Path) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    print("\n| server | clients | req/s | P50 ms | P99 ms | errors |")
+    print("|---|---|---|---|---|---|")
+    for name, rows in results.items():
+        for r in rows:
+            print(
+                f"| {name} | {r.connections} | {r.rps:.0f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} | {r.errors} |"
+            )
+    print(f"| ceiling (64-query batch, in process) | - | {quality['ceiling_qps']:.0f} | | | |")
+    print("\n| index | recall@10 | MRR@10 |\n|---|---|---|")
+    for name in ("flat", "hnsw", "ivfpq"):
+        print(f"| {name} | {quality[f'{name}_recall_at_10']:.3f} | {quality[f'{name}_mrr_at_10']:.3f} |")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax50, ax99) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, rows in results.items():
+        xs = [r.connections for r in rows]
+        ax50.plot(xs, [r.p50_ms for r in rows], marker="o", label=name)
+        ax99.plot(xs, [r.p99_ms for r in rows], marker="o", label=name)
+    for ax, title in ((ax50, "P50"), (ax99, "P99")):
+        ax.set(xscale="log", yscale="log", xlabel="concurrent clients", ylabel="latency (ms)", title=title)
+        ax.set_xticks(CONCURRENCY, [str(c) for c in CONCURRENCY])
+        ax.legend()
+    fig.tight_layout()
+    plot = out / "retrieval_latency.png"
+    fig.savefig(plot, dpi=100)
+    print(f"\nplot: {plot}")
+
+    by = {name: {r.connections: r for r in rows} for name, rows in results.items()}
+    headline = {
+        "cold_throughput_ratio_64": by["ragline_cold"][64].rps / by["naive"][64].rps,
+        "cold_over_ceiling_64": by["ragline_cold"][64].rps / quality["ceiling_qps"],
+        "cold_p99_over_naive_64": by["ragline_cold"][64].p99_ms / by["naive"][64].p99_ms,
+        "p50_over_naive_1": by["ragline_cold"][1].p50_ms / by["naive"][1].p50_ms,
+        "warm_p50_over_floor": by["ragline_warm"][64].p50_ms / by["floor"][64].p50_ms,
+        "hnsw_recall_ratio": quality["hnsw_recall_at_10"] / quality["flat_recall_at_10"],
+        "hnsw_recall_at_10": quality["hnsw_recall_at_10"],
+    }
+    print(json.dumps({k: round(v, 3) for k, v in headline.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The level-1 result cache on a real Redis: versions, single flight, LRU bound."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import redis
+import redis.asyncio as aioredis
+
+from broker import indexes
+from broker.indexes import IndexInfo
+from broker.keys import Keys
+from broker.result_cache import Outcome, ResultCache
+
+
+def _setup(redis_url: str, max_entries: int = 100) -> tuple[Keys, redis.Redis]:
+    keys = Keys(f"ragline-test-{uuid.uuid4().hex[:8]}")
+    client = redis.Redis.from_url(redis_url)
+    indexes.register(client, keys, IndexInfo("docs", "v1", "/x", 1, 4))
+    return keys, client
+
+
+def _cache(redis_url: str, keys: Keys, max_entries: int = 100) -> tuple[ResultCache, aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    return ResultCache(client, keys, ttl_s=60, max_entries=max_entries, single_flight_ttl_s=5), client
+
+
+def test_unknown_index_lead_follow_store_hit_and_new_version(redis_url: str) -> None:
+    keys, sync = _setup(redis_url)
+
+    async def scenario() -> None:
+        cache, client = _cache(redis_url, keys)
+        assert (await cache.lookup("nope", "d1", request_id="r1")).outcome is Outcome.UNKNOWN_INDEX
+        lead = await cache.lookup("docs", "d1", request_id="r1")
+        assert (lead.outcome, lead.version) == (Outcome.LEAD, "v1")
+        follow = await cache.lookup("docs", "d1", request_id="r2")
+        assert (follow.outcome, follow.leader) == (Outcome.FOLLOW, "r1")
+        assert (await cache.lookup("docs", "d1")).outcome is Outcome.MISS  # no single flight asked
+
+        key = lead.key(keys, "docs", "d1")
+        await cache.store(key, b'{"answer":"x"}', leader="r1")
+        hit = await cache.lookup("docs", "d1", request_id="r3")
+        assert (hit.outcome, hit.body) == (Outcome.HIT, b'{"answer":"x"}')
+
+        # A re-ingest registers v2: the old answer is not served.
+        indexes.register(sync, keys, IndexInfo("docs", "v2", "/y", 1, 4))
+        assert (await cache.lookup("docs", "d1", request_id="r4")).outcome is Outcome.LEAD
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_failed_leader_releases_its_claim(redis_url: str) -> None:
+    keys, _ = _setup(redis_url)
+
+    async def scenario() -> None:
+        cache, client = _cache(redis_url, keys)
+        lead = await cache.lookup("docs", "d", request_id="r1")
+        await cache.release(lead.key(keys, "docs", "d"), "someone-else")  # not the holder: no effect
+        assert (await cache.lookup("docs", "d", request_id="r2")).outcome is Outcome.FOLLOW
+        await cache.release(lead.key(keys, "docs", "d"), "r1")
+        assert (await cache.lookup("docs", "d", request_id="r3")).outcome is Outcome.LEAD
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_entry_budget_evicts_least_recently_used(redis_url: str) -> None:
+    keys, sync = _setup(redis_url)
+
+    async def scenario() -> list[Outcome]:
+        cache, client = _cache(redis_url, keys, max_entries=3)
+        for d in ("a", "b", "c"):
+            found = await cache.lookup("docs", d)
+            await cache.store(found.key(keys, "docs", d), json.dumps({"d": d}).encode())
+            await asyncio.sleep(0.002)
+        await cache.lookup("docs", "a")  # touch a: b is now the least recently used
+        await asyncio.sleep(0.002)
+        found = await cache.lookup("docs", "d")
+        await cache.store(found.key(keys, "docs", "d"), b"{}")
+        outcomes = [(await cache.lookup("docs", d)).outcome for d in ("a", "b", "c", "d")]
+        await client.aclose()
+        return outcomes
+
+    assert asyncio.run(scenario()) == [Outcome.HIT, Outcome.MISS, Outcome.HIT, Outcome.HIT]
+    assert sync.zcard(f"{keys.result_cache}:lru") == 3

@@ -1,0 +1,46 @@
+"""IVF-PQ with refine: builds on small corpora, and per-query nprobe / efSearch are honoured."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from broker.indexes import IndexInfo
+from workers.retrieval import index_store
+from workers.retrieval.chunking import Chunk
+
+
+@pytest.fixture(scope="module")
+def data() -> tuple[np.ndarray, list[Chunk]]:
+    rng = np.random.default_rng(1)
+    centers = rng.normal(size=(20, 32))
+    x = (centers[rng.integers(0, 20, 3000)] + 0.3 * rng.normal(size=(3000, 32))).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return x, [Chunk(f"c{i}", "s", "t", "x") for i in range(len(x))]
+
+
+@pytest.mark.parametrize("refine", ["sq8", "flat"])
+def test_ivfpq_refine_recall(data: tuple[np.ndarray, list[Chunk]], refine: str) -> None:
+    x, chunks = data
+    index = index_store.build_ivfpq(x, index_store.IvfPqParams(nlist=0, pq_m=8, refine=refine), nprobe=8)
+    loaded = index_store.LoadedIndex(IndexInfo("n", "v", "/p", len(x), 32, "ivfpq"), index, chunks)
+    hits = loaded.search(x[:50], 1, index_store.SearchKnobs(nprobe=16, refine_k_factor=16))
+    # a sanity bound on toy data; bench/retrieval.py measures recall on the real corpus
+    assert sum(h[0][0].chunk_id == f"c{i}" for i, h in enumerate(hits)) >= 43
+
+
+def test_spec_adapts_to_small_corpora() -> None:
+    params = index_store.IvfPqParams(nlist=0, pq_m=48, refine="sq8")
+    assert index_store.ivfpq_spec(8984, 384, params) == "IVF230,PQ48x7,Refine(SQ8)"
+    assert index_store.ivfpq_spec(1_000_000, 384, params) == "IVF4000,PQ48x8,Refine(SQ8)"
+    with pytest.raises(ValueError):
+        index_store.ivfpq_spec(1000, 384, index_store.IvfPqParams(nlist=0, pq_m=50, refine="sq8"))
+
+
+def test_hnsw_ef_search_per_query(data: tuple[np.ndarray, list[Chunk]]) -> None:
+    x, chunks = data
+    index = index_store.build_hnsw(x, index_store.HnswParams(16, 40, 16))
+    loaded = index_store.LoadedIndex(IndexInfo("n", "v", "/p", len(x), 32), index, chunks)
+    low = loaded.search(x[:20], 10, index_store.SearchKnobs(ef_search=10))
+    high = loaded.search(x[:20], 10, index_store.SearchKnobs(ef_search=200))
+    assert len(low[0]) == len(high[0]) == 10
