@@ -20,6 +20,11 @@ class QueryRequest(BaseModel):
         default=None, description="HNSW search effort for this query (bounded)."
     )
     nprobe: StrictInt | None = Field(default=None, description="IVF lists probed for this query (bounded).")
+    allow_early_exit: bool = Field(
+        default=True,
+        description="Let the server answer with the best source, without generating, when it clears "
+        "RAGLINE_EARLY_EXIT_SCORE (off unless that is set).",
+    )
 
 
 class Source(BaseModel):

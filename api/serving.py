@@ -37,6 +37,7 @@ class Admitted:
     index: str
     ef_search: int | None
     nprobe: int | None
+    allow_early_exit: bool
 
 
 def _bounded(name: str, value: int | None, upper: int) -> int | None:
@@ -91,10 +92,19 @@ class QueryService:
             index=index,
             ef_search=_bounded("ef_search", req.ef_search, s.max_ef_search),
             nprobe=_bounded("nprobe", req.nprobe, s.max_nprobe),
+            allow_early_exit=req.allow_early_exit,
         )
 
     def _digest(self, a: Admitted) -> str:
-        return query_digest(a.query, a.top_k, a.mode, a.ef_search, a.nprobe, self._settings.generation_model)
+        return query_digest(
+            a.query,
+            a.top_k,
+            a.mode,
+            a.ef_search,
+            a.nprobe,
+            a.allow_early_exit,
+            self._settings.generation_model,
+        )
 
     async def lookup(self, a: Admitted, request_id: str, *, single_flight: bool) -> tuple[Lookup, str]:
         digest = self._digest(a)
@@ -125,6 +135,7 @@ class QueryService:
             "index_version": index_version,
             "ef_search": a.ef_search,
             "nprobe": a.nprobe,
+            "allow_early_exit": a.allow_early_exit,
             "enqueued_at": time.time(),
         }
         try:
@@ -211,6 +222,7 @@ class QueryService:
                         sources=[Source(**s) for s in sources],
                         timings=Timings(**{k: v for k, v in timings.items() if k in Timings.model_fields}),
                         usage=Usage(**usage) if usage else None,
+                        early_exit=bool(event.data.get("early_exit")),
                     )
                     return response, version
         except EventTimeout as exc:

@@ -73,15 +73,39 @@ class Settings(BaseSettings):
     embedding_cache_ttl_s: int = 7 * 24 * 3600
 
     # -- generation engine ------------------------------------------------------------------
+    # Defaults are the CPU figures measured in ARCHITECTURE.md; each says what it trades.
+    # "vllm" (continuous batching) or "transformers" (static batches by prompt-length bucket,
+    # for hosts without vLLM; also the benchmark's baseline).
+    engine: str = "vllm"
+    # bf16 halves memory and doubles speed on AMX/GPU; float32 for exact, reproducible text.
     dtype: str = "bfloat16"
+    # Eager starts in ~25 s at about half the throughput of torch.compile (60-115 s start on CPU).
     enforce_eager: bool = False
+    # Longest prompt + answer; more costs KV memory per sequence.
     max_model_len: int = 2048
+    # Sequences batched per engine step (and the generation worker's threads): more raises
+    # throughput until memory or compute saturates, at some latency per request.
     max_num_seqs: int = 32
+    # Tokens scheduled per step (0: vLLM's default); larger prefill chunks raise throughput and TTFT.
+    max_num_batched_tokens: int = 0
+    # "awq", "gptq", "fp8" ... passed to vLLM (empty: none): less memory, some quality.
+    quantization: str = ""
+    # Reuses the KV cache of the fixed system prefix and repeated sources across requests.
+    enable_prefix_caching: bool = True
+    # JSON for vLLM's speculative_config, e.g. {"method": "ngram", "num_speculative_tokens": 4,
+    # "prompt_lookup_max": 4} or a draft model; faster decoding when drafts are accepted.
+    speculative_config: str = ""
+    # GPU: fraction of memory for weights + KV cache. CPU: the KV cache is cpu_kvcache_space_gib.
+    gpu_memory_utilization: float = 0.9
+    cpu_kvcache_space_gib: int = 2
+    # The default "auto" leaves the model one core on this 2-core machine (40-60% slower).
+    cpu_omp_threads_bind: str = "0-1"
     max_new_tokens: int = 128
     temperature: float = 0.0
-    cpu_kvcache_space_gib: int = 2
-    cpu_omp_threads_bind: str = "0-1"
     generation_timeout_s: float = 120.0
+    # Early exit: answer with the best source, without generating, when its score clears this
+    # threshold and the request allows it. 0 turns it off (the default).
+    early_exit_score: float = 0.0
 
     # -- API ------------------------------------------------------------------------------
     api_host: str = "127.0.0.1"

@@ -13,6 +13,7 @@ from typing import Any
 from celery.exceptions import Reject
 from celery.signals import worker_init, worker_shutdown
 
+from broker import metrics
 from broker.celery_app import create_celery
 from broker.events import EventWriter
 from broker.keys import Keys
@@ -21,6 +22,7 @@ from broker.redis_pool import sync_client
 from broker.settings import get_settings
 from workers import heartbeat
 from workers.generation.engine import EngineHost, EngineUnavailable, GenerationTimeout
+from workers.generation.hf_engine import TransformersEngine
 from workers.generation.model_prep import generation_model_path
 from workers.generation.prompt import build_prompt
 
@@ -30,7 +32,7 @@ keys = Keys(settings.key_prefix)
 app = create_celery(settings)
 heartbeat.install(app, GENERATION_QUEUE, settings)
 
-_engine: EngineHost | None = None
+_engine: EngineHost | TransformersEngine | None = None
 _tokenizer: Any = None
 
 
@@ -41,7 +43,7 @@ def _start_engine(**_: object) -> None:
     from transformers import AutoTokenizer
 
     _tokenizer = AutoTokenizer.from_pretrained(generation_model_path(settings))
-    _engine = EngineHost(settings)
+    _engine = TransformersEngine(settings) if settings.engine == "transformers" else EngineHost(settings)
     _engine.start()
 
 
@@ -61,6 +63,7 @@ def generate(
     enqueued_at: float,
 ) -> None:
     picked_at = time.time()
+    metrics.QUEUE_WAIT_SECONDS.labels(GENERATION_QUEUE).observe(max(0.0, picked_at - enqueued_at))
     writer = EventWriter(
         sync_client(settings),
         keys,
@@ -94,6 +97,7 @@ def generate(
             if delta.text:
                 if first_token_ms is None:
                     first_token_ms = (time.perf_counter() - started) * 1000
+                    metrics.TTFT_SECONDS.observe(first_token_ms / 1000)
                 pieces.append(delta.text)
                 writer.emit("token", {"text": delta.text})
     except EngineUnavailable as exc:
@@ -108,6 +112,8 @@ def generate(
         writer.emit("error", {"status": 500, "message": f"generation failed: {exc}"})
         return
     timings["generation_ms"] = (time.perf_counter() - started) * 1000
+    metrics.GENERATION_SECONDS.observe(timings["generation_ms"] / 1000)
+    metrics.GENERATED_TOKENS.inc(completion_tokens)
     timings["first_token_ms"] = first_token_ms or timings["generation_ms"]
     writer.emit(
         "done",

@@ -7,6 +7,7 @@ the same engine steps (continuous batching) instead of waiting for one another.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import queue
@@ -50,6 +51,30 @@ def configure_cpu_env(settings: Settings) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def engine_args(s: Settings) -> Any:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    optional: dict[str, Any] = {}
+    if s.max_num_batched_tokens:
+        optional["max_num_batched_tokens"] = s.max_num_batched_tokens
+    if s.quantization:
+        optional["quantization"] = s.quantization
+    if s.speculative_config:
+        optional["speculative_config"] = json.loads(s.speculative_config)
+    return AsyncEngineArgs(
+        model=generation_model_path(s),
+        dtype=s.dtype,
+        enforce_eager=s.enforce_eager,
+        max_model_len=s.max_model_len,
+        max_num_seqs=s.max_num_seqs,
+        enable_prefix_caching=s.enable_prefix_caching,
+        gpu_memory_utilization=s.gpu_memory_utilization,
+        disable_log_stats=False,
+        seed=0,
+        **optional,
+    )
+
+
 class EngineHost:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
@@ -70,21 +95,11 @@ class EngineHost:
         log.info("vLLM engine ready: %s", generation_model_path(self._settings))
 
     async def _build(self) -> Any:
-        from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        s = self._settings
-        args = AsyncEngineArgs(
-            model=generation_model_path(s),
-            dtype=s.dtype,
-            enforce_eager=s.enforce_eager,
-            max_model_len=s.max_model_len,
-            max_num_seqs=s.max_num_seqs,
-            enable_prefix_caching=True,
-            disable_log_stats=False,
-            seed=0,
-        )
-        return AsyncLLM.from_engine_args(args)
+        from workers.generation.engine_stats import PrometheusStats
+
+        return AsyncLLM.from_engine_args(engine_args(self._settings), stat_loggers=[PrometheusStats])
 
     def stream(self, request_id: str, prompt: str, *, max_tokens: int, timeout_s: float) -> Iterator[Delta]:
         """Generate from a worker thread, yielding text deltas as the engine produces them."""

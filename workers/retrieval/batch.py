@@ -47,6 +47,17 @@ class BatchRetriever:
             refine_k_factor=self._settings.ivf_refine_k_factor,
         )
 
+    def _early_exit(self, request: dict[str, Any], sources: list[dict[str, Any]]) -> bool:
+        """Answer with the best source, skipping generation, when it clears the threshold and the
+        request allows it (off unless RAGLINE_EARLY_EXIT_SCORE is set)."""
+        threshold = self._settings.early_exit_score
+        return bool(
+            threshold > 0
+            and sources
+            and request.get("allow_early_exit", True)
+            and sources[0]["score"] >= threshold
+        )
+
     def run(self, requests: list[dict[str, Any]], *, picked_at: float) -> Retrieved:
         events: list[Event] = []
         to_generate: list[dict[str, Any]] = []
@@ -101,6 +112,9 @@ class BatchRetriever:
                     events.append(
                         (r["request_id"], "done", {"answer": None, "usage": None, "timings": timings})
                     )
+                elif self._early_exit(r, sources):
+                    done = {"answer": sources[0]["text"], "usage": None, "timings": timings, "early_exit": True}
+                    events.append((r["request_id"], "done", done))
                 else:
                     to_generate.append({**r, "sources": sources, "timings": timings})
         return Retrieved(events, to_generate)

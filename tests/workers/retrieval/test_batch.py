@@ -1,0 +1,72 @@
+"""A retrieval batch on real MiniLM + FAISS: one encode, per-request top_k, early exit both ways."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from broker.keys import Keys
+from broker.settings import Settings
+from workers.retrieval.batch import BatchRetriever
+from workers.retrieval.embedding_cache import EmbeddingCache
+from workers.retrieval.index_store import IndexCache
+
+pytestmark = pytest.mark.integration
+
+
+def _retriever(settings: Settings, embedder, **overrides: object) -> BatchRetriever:  # noqa: ANN001
+    s = settings.model_copy(update=overrides)
+    client = redis.Redis.from_url(s.redis_url)
+    keys = Keys(s.key_prefix)
+    cache = EmbeddingCache(client, keys, model_id=embedder.model_id, dim=embedder.dim, ttl_s=60)
+    return BatchRetriever(s, embedder, cache, IndexCache(client, keys, ef_search=s.hnsw_ef_search))
+
+
+def _request(rid: str, query: str, **extra: object) -> dict:
+    return {
+        "request_id": rid,
+        "query": query,
+        "top_k": 3,
+        "mode": "rag",
+        "index": "test",
+        "enqueued_at": time.time(),
+        **extra,
+    }
+
+
+def test_batch_answers_each_request(settings: Settings, embedder, test_index: str) -> None:
+    retriever = _retriever(settings, embedder)
+    result = retriever.run(
+        [
+            _request("a", "When does Café Lumière open?"),
+            _request("b", "How often should I oil my bicycle chain?", mode="retrieval", top_k=1),
+            _request("c", "When does Café Lumière open?", index="missing"),
+        ],
+        picked_at=time.time(),
+    )
+    by_request = {}
+    for rid, kind, data in result.events:
+        by_request.setdefault(rid, []).append((kind, data))
+    assert [k for k, _ in by_request["a"]] == ["sources"]
+    assert by_request["a"][0][1]["sources"][0]["source"].endswith("cafe.md")
+    assert [k for k, _ in by_request["b"]] == ["sources", "done"]
+    assert len(by_request["b"][0][1]["sources"]) == 1
+    assert by_request["c"] == [("error", {"status": 404, "message": "unknown index 'missing'"})]
+    assert [r["request_id"] for r in result.to_generate] == ["a"]
+
+
+def test_early_exit_when_allowed_and_above_threshold(settings: Settings, embedder, test_index: str) -> None:
+    q = "When does Café Lumière open in the morning?"
+    off = _retriever(settings, embedder)  # the default: always generate
+    assert len(off.run([_request("x", q)], picked_at=time.time()).to_generate) == 1
+
+    on = _retriever(settings, embedder, early_exit_score=0.3)
+    result = on.run([_request("y", q), _request("z", q, allow_early_exit=False)], picked_at=time.time())
+    done = [data for rid, kind, data in result.events if kind == "done"]
+    assert len(done) == 1 and done[0]["early_exit"] is True and "7:15" in done[0]["answer"]
+    assert [r["request_id"] for r in result.to_generate] == ["z"]
+
+    strict = _retriever(settings, embedder, early_exit_score=0.99)
+    assert len(strict.run([_request("w", q)], picked_at=time.time()).to_generate) == 1

@@ -1,0 +1,134 @@
+"""A transformers engine behind the same interface as the vLLM one, for hosts without vLLM.
+
+It batches statically: requests that arrive together run as one ``generate`` call, grouped by
+prompt-length bucket (<512, 512-1024, >1024 tokens) so a short prompt never pads to a long one.
+A batch runs to its end before the next starts (no continuous batching): that is what vLLM adds.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.settings import Settings
+from workers.generation.engine import Delta, EngineUnavailable, GenerationTimeout
+from workers.generation.model_prep import generation_model_path
+
+log = logging.getLogger(__name__)
+
+BUCKET_EDGES = (512, 1024)
+_GATHER_S = 0.01  # how long the scheduler waits for company once a request arrives
+
+
+def bucket_of(n_tokens: int) -> int:
+    return sum(n_tokens >= edge for edge in BUCKET_EDGES)
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    max_tokens: int
+    result: Future[Delta] = field(default_factory=Future)
+
+
+class TransformersEngine:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="hf-engine", daemon=True)
+        self.tokenizer: Any = None
+        self._model: Any = None
+
+    def start(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.set_num_threads(self._settings.torch_threads)
+        path = generation_model_path(self._settings)
+        self.tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        dtype = getattr(torch, self._settings.dtype)
+        self._model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+        self._thread.start()
+
+    def generate_batch(self, batch: list[list[int]], budgets: list[int]) -> list[tuple[str, int]]:
+        """One padded ``generate`` call; returns (text, completion tokens) per prompt, each cut
+        to its own token budget (the batch runs to the largest)."""
+        import torch
+
+        width = max(len(ids) for ids in batch)
+        pad = self.tokenizer.pad_token_id
+        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch])
+        attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch])
+        with torch.inference_mode():
+            out = self._model.generate(
+                input_ids=input_ids,
+                attention_mask=attention,
+                max_new_tokens=max(budgets),
+                do_sample=False,
+                pad_token_id=pad,
+            )
+        results = []
+        for row, budget in zip(out[:, width:].tolist(), budgets, strict=True):
+            row = row[:budget]
+            if self.tokenizer.eos_token_id in row:
+                row = row[: row.index(self.tokenizer.eos_token_id)]
+            results.append((self.tokenizer.decode(row, skip_special_tokens=True), len(row)))
+        return results
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            pending = [first]
+            deadline = time.monotonic() + _GATHER_S
+            while len(pending) < self._settings.max_num_seqs:
+                try:
+                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._queue.put(None)
+                    break
+                pending.append(item)
+            buckets: dict[int, list[_Request]] = {}
+            for r in pending:
+                if r.result.set_running_or_notify_cancel():
+                    buckets.setdefault(bucket_of(len(r.prompt_ids)), []).append(r)
+            for group in buckets.values():
+                try:
+                    outputs = self.generate_batch(
+                        [r.prompt_ids for r in group], [r.max_tokens for r in group]
+                    )
+                except Exception as exc:
+                    for r in group:
+                        r.result.set_exception(exc)
+                    continue
+                for r, (text, n) in zip(group, outputs, strict=True):
+                    r.result.set_result(Delta(text, n, len(r.prompt_ids), True, "stop"))
+
+    def stream(self, request_id: str, prompt: str, *, max_tokens: int, timeout_s: float) -> Iterator[Delta]:
+        if self._model is None:
+            raise EngineUnavailable("engine is not running")
+        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        request = _Request(ids, max_tokens)
+        self._queue.put(request)
+        try:
+            yield request.result.result(timeout=timeout_s)
+        except TimeoutError:
+            raise GenerationTimeout(f"generation exceeded {timeout_s:.0f}s") from None
+        finally:
+            request.result.cancel()  # a request still queued is dropped
+
+    def shutdown(self) -> None:
+        self._queue.put(None)
+        if self._thread.is_alive():
+            self._thread.join(30)
