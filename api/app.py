@@ -10,8 +10,9 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from api import errors
-from api.routers import health, query
+from api.routers import health, metrics, query
 from api.serving import QueryService
+from broker import metrics as prom
 from broker.celery_app import create_celery
 from broker.redis_pool import async_client
 from broker.settings import Settings, get_settings
@@ -58,8 +59,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         response = await call_next(request)
         response.headers.setdefault("X-Request-Id", request.state.request_id)
+        route = request.scope.get("route")
+        # The route's template, not the raw path, keeps the label set bounded.
+        prom.REQUESTS.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
         return response
 
     app.include_router(query.router)
     app.include_router(health.router)
+    app.include_router(metrics.router)
     return app

@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     visibility_timeout_s: int = 300
     worker_heartbeat_s: float = 2.0
     worker_heartbeat_ttl_s: float = 6.0
+    # Each worker's own Prometheus endpoint (0: off). Pods use 9100 on all interfaces.
+    worker_metrics_port: int = 0
+    worker_metrics_host: str = "0.0.0.0"
 
     # -- storage --------------------------------------------------------------------------
     home: Path = Field(default_factory=_default_home)

@@ -185,6 +185,7 @@ class Workers:
     retrieval: Proc
     generation: Proc
     settings: Settings
+    metrics_ports: dict[str, int]
 
 
 @pytest.fixture(scope="session")
@@ -192,14 +193,22 @@ def workers(
     settings: Settings, prepared_model: Path, test_index: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Workers]:
     logs = tmp_path_factory.mktemp("logs")
-    env = env_for(settings)
-    retrieval = Proc("retrieval-worker", _ragline("worker", "retrieval"), env, logs / "retrieval.log")
-    generation = Proc("generation-worker", _ragline("worker", "generation"), env, logs / "generation.log")
+    ports = {"retrieval": _free_port(), "generation": _free_port()}
+
+    def env(kind: str) -> dict[str, str]:
+        return env_for(settings.model_copy(update={"worker_metrics_port": ports[kind]}))
+
+    retrieval = Proc(
+        "retrieval-worker", _ragline("worker", "retrieval"), env("retrieval"), logs / "retrieval.log"
+    )
+    generation = Proc(
+        "generation-worker", _ragline("worker", "generation"), env("generation"), logs / "generation.log"
+    )
     retrieval.start()
     generation.start()
     try:
         wait_for_workers(settings, ("retrieval", "generation"), [retrieval, generation], timeout=600)
-        yield Workers(retrieval, generation, settings)
+        yield Workers(retrieval, generation, settings, ports)
     finally:
         retrieval.stop()
         generation.stop(timeout=60)

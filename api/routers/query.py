@@ -13,6 +13,7 @@ from api.errors import ApiError
 from api.protocol import ErrorBody, QueryRequest, QueryResponse
 from api.serving import QueryService
 from api.sse import frame
+from broker import metrics
 from broker.events import EventTimeout
 from broker.result_cache import Outcome
 
@@ -34,7 +35,9 @@ def _service(request: Request) -> QueryService:
 
 @router.post("/query", response_model=QueryResponse, responses=_ERRORS)
 async def query(body: QueryRequest, request: Request) -> QueryResponse | Response:
+    started = time.perf_counter()
     answer = await _service(request).answer(request.state.request_id, body)
+    metrics.REQUEST_SECONDS.labels("/v1/query", body.mode).observe(time.perf_counter() - started)
     if isinstance(answer, bytes):  # a cache hit, already JSON
         return Response(content=answer, media_type="application/json")
     return answer
@@ -51,12 +54,21 @@ async def _replay(request_id: str, cached: bytes) -> AsyncIterator[bytes]:
 
 
 async def _relay(
-    service: QueryService, request_id: str, after: str, started: float, *, settle: bool = False
+    service: QueryService,
+    request_id: str,
+    after: str,
+    started: float,
+    *,
+    settle: bool = False,
+    mode: str = "rag",
 ) -> AsyncIterator[bytes]:
     try:
         async for event in service.events(request_id, after=after, settle=settle):
             data = event.data
             if event.type == "done":
+                metrics.REQUEST_SECONDS.labels("/v1/query/stream", mode).observe(
+                    time.perf_counter() - started
+                )
                 timings = {**data.get("timings", {}), "total_ms": (time.perf_counter() - started) * 1000}
                 data = {**data, "request_id": request_id, "timings": timings}
             yield frame(event.type, data, event_id=event.id)
@@ -76,7 +88,7 @@ async def query_stream(body: QueryRequest, request: Request) -> StreamingRespons
         stream = _replay(request_id, found.body)
     else:
         await service.enqueue(request_id, admitted, index_version=found.version)
-        stream = _relay(service, request_id, "0-0", started, settle=True)
+        stream = _relay(service, request_id, "0-0", started, settle=True, mode=admitted.mode)
     return StreamingResponse(
         stream,
         media_type="text/event-stream",

@@ -44,3 +44,12 @@ def test_readyz_turns_not_ready_when_a_worker_stops(client: httpx.Client, worker
     workers.retrieval.start()
     wait_for_workers(workers.settings, ("retrieval",), [workers.retrieval], timeout=120)
     assert _wait_status(client, 200, timeout=10).status_code == 200
+
+
+def test_metrics_endpoint_exports_request_and_worker_gauges(client: httpx.Client, workers) -> None:
+    client.post("/v1/query", json={"query": "When is the library closed?", "mode": "retrieval"})
+    text = client.get("/metrics").text
+    assert 'ragline_requests_total{endpoint="/v1/query",status="200"}' in text
+    assert 'ragline_request_seconds_bucket{endpoint="/v1/query",le="0.001",mode="retrieval"}' in text
+    assert 'ragline_live_workers{queue="retrieval"} 1.0' in text
+    assert 'ragline_cache_misses_total{level="result"}' in text

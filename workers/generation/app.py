@@ -20,7 +20,7 @@ from broker.keys import Keys
 from broker.queues import GENERATE_TASK, GENERATION_QUEUE
 from broker.redis_pool import sync_client
 from broker.settings import get_settings
-from workers import heartbeat
+from workers import heartbeat, metrics_server
 from workers.generation.engine import EngineHost, EngineUnavailable, GenerationTimeout
 from workers.generation.hf_engine import TransformersEngine
 from workers.generation.model_prep import generation_model_path
@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 settings = get_settings()
 keys = Keys(settings.key_prefix)
 app = create_celery(settings)
+metrics_server.install(settings)
 heartbeat.install(app, GENERATION_QUEUE, settings)
 
 _engine: EngineHost | TransformersEngine | None = None

@@ -21,7 +21,7 @@ from broker.keys import Keys
 from broker.queues import GENERATE_TASK, GENERATION_QUEUE, RETRIEVAL_QUEUE, RETRIEVE_TASK
 from broker.redis_pool import sync_client
 from broker.settings import get_settings
-from workers import heartbeat
+from workers import heartbeat, metrics_server
 from workers.retrieval import index_store
 from workers.retrieval.batch import BatchRetriever
 from workers.retrieval.embedder import Embedder
@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 settings = get_settings()
 keys = Keys(settings.key_prefix)
 app = create_celery(settings)
+metrics_server.install(settings)
 heartbeat.install(app, RETRIEVAL_QUEUE, settings)
 
 _retriever: BatchRetriever | None = None

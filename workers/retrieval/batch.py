@@ -113,7 +113,12 @@ class BatchRetriever:
                         (r["request_id"], "done", {"answer": None, "usage": None, "timings": timings})
                     )
                 elif self._early_exit(r, sources):
-                    done = {"answer": sources[0]["text"], "usage": None, "timings": timings, "early_exit": True}
+                    done = {
+                        "answer": sources[0]["text"],
+                        "usage": None,
+                        "timings": timings,
+                        "early_exit": True,
+                    }
                     events.append((r["request_id"], "done", done))
                 else:
                     to_generate.append({**r, "sources": sources, "timings": timings})

@@ -16,7 +16,7 @@ from workers.retrieval.index_store import IndexCache
 pytestmark = pytest.mark.integration
 
 
-def _retriever(settings: Settings, embedder, **overrides: object) -> BatchRetriever:  # noqa: ANN001
+def _retriever(settings: Settings, embedder, **overrides: object) -> BatchRetriever:
     s = settings.model_copy(update=overrides)
     client = redis.Redis.from_url(s.redis_url)
     keys = Keys(s.key_prefix)
