@@ -1,0 +1,395 @@
+"""Generation under load: transformers vs vLLM vs ragline's worker, same model and prompts, one run.
+
+    .venv/bin/python -m bench.generation [--eager] [--max-tokens 64]
+
+SmolLM2-135M-Instruct in bf16; RAG prompts built from the Python 3.11 FAQ (Debian's
+python3.11-doc): each FAQ question with its own answer section and two neighbours as sources.
+Measured at 1, 8 and 32 concurrent requests: output tokens/s, TTFT and end-to-end P50/P99.
+- transformers one at a time: each prompt timed alone; c requests arriving together are served
+  in turn, so the k-th waits for the k-1 before it (TTFT = end-to-end: no streaming);
+- transformers with bucketed static batches (workers/generation/hf_engine.py);
+- the vLLM engine alone, in this process;
+- ragline's generation worker: Celery tasks on the `generation` queue, tokens read back from
+  each request's Redis Stream;
+then a lone full RAG request through the API 30 times (cache miss: retrieval, both queues,
+generation): time to the first `token` event. The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from broker.settings import Settings
+
+CONCURRENCY = (1, 8, 32)
+DOCS = Path("/usr/share/doc/python3.11/html/_sources")
+FAQ_INDEX = "pyfaq"
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def summarize(name: str, c: int, tokens: int, wall_s: float, ttft: list[float], e2e: list[float]) -> dict:
+    return {
+        "engine": name,
+        "concurrency": c,
+        "tok_s": tokens / wall_s,
+        "ttft_p50_ms": pct(ttft, 50) * 1000,
+        "ttft_p99_ms": pct(ttft, 99) * 1000,
+        "e2e_p50_ms": pct(e2e, 50) * 1000,
+        "e2e_p99_ms": pct(e2e, 99) * 1000,
+    }
+
+
+def faq_requests(n: int) -> list[tuple[str, list[dict]]]:
+    from workers.retrieval.readers import read_sections
+
+    sections = []
+    for path in sorted((DOCS / "faq").glob("*.rst.txt")):
+        sections += [(s, str(path)) for s in read_sections(path)]
+    out = []
+    for i, (section, path) in enumerate(sections):
+        if not section.title.endswith("?"):
+            continue
+        neighbours = [sections[(i + d) % len(sections)] for d in (1, 2)]
+        sources = [
+            {
+                "chunk_id": f"{path}:{j}",
+                "title": s.title,
+                "text": " ".join(s.text.split()[:150]),
+                "source": p,
+                "score": 0.9 - j / 10,
+            }
+            for j, (s, p) in enumerate([(section, path), *neighbours])
+        ]
+        out.append((section.title, sources))
+    return out[:n]
+
+
+def build_prompts(settings: Settings, requests: list[tuple[str, list[dict]]]) -> list[str]:
+    from transformers import AutoTokenizer
+
+    from workers.generation.model_prep import generation_model_path
+    from workers.generation.prompt import build_prompt
+
+    tok = AutoTokenizer.from_pretrained(generation_model_path(settings))
+    budget = settings.max_model_len - settings.max_new_tokens
+    return [build_prompt(tok, q, s, max_prompt_tokens=budget).text for q, s in requests]
+
+
+def run_threads(stream_fn, prompts: list[str], c: int, max_tokens: int) -> tuple[int, float, list, list]:
+    """c requests at a time from c threads; returns (tokens, wall seconds, TTFTs, end-to-ends)."""
+    ttft: list[float] = []
+    e2e: list[float] = []
+    tokens = 0
+    lock = threading.Lock()
+    work = list(enumerate(prompts))
+
+    def worker() -> None:
+        nonlocal tokens
+        while True:
+            with lock:
+                if not work:
+                    return
+                i, prompt = work.pop(0)
+            started = time.perf_counter()
+            first = None
+            n = 0
+            for delta in stream_fn(
+                f"b{i}-{uuid.uuid4().hex[:6]}", prompt, max_tokens=max_tokens, timeout_s=600
+            ):
+                if delta.text and first is None:
+                    first = time.perf_counter() - started
+                n = delta.completion_tokens
+            with lock:
+                tokens += n
+                ttft.append(first if first is not None else time.perf_counter() - started)
+                e2e.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(c)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return tokens, time.perf_counter() - started, ttft, e2e
+
+
+def bench_transformers(settings: Settings, prompts: list[str], max_tokens: int) -> list[dict]:
+    from workers.generation.hf_engine import TransformersEngine
+
+    engine = TransformersEngine(settings)
+    engine.start()
+    rows = []
+    # One at a time: each prompt timed alone (batch of one).
+    durations, counts = [], []
+    for prompt in prompts[:16]:
+        ids = engine.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        started = time.perf_counter()
+        [(_, n)] = engine.generate_batch([ids], [max_tokens])
+        durations.append(time.perf_counter() - started)
+        counts.append(n)
+    for c in CONCURRENCY:
+        # c requests arrive together and are served in turn: the k-th ends after the first k
+        # (measured durations, reused in order when c exceeds the prompts timed).
+        served = [durations[k % len(durations)] for k in range(c)]
+        ends = list(np.cumsum(served))
+        tokens = sum(counts[k % len(counts)] for k in range(c))
+        rows.append(summarize("transformers sequential", c, tokens, ends[-1], ends, ends))
+    print(rows[-1], flush=True)
+    for c in (8, 32):
+        tokens, wall, ttft, e2e = run_threads(engine.stream, prompts[:32], c, max_tokens)
+        rows.append(summarize("transformers bucketed", c, tokens, wall, ttft, e2e))
+        print(rows[-1], flush=True)
+    engine.shutdown()
+    return rows
+
+
+def bench_vllm(settings: Settings, prompts: list[str], max_tokens: int) -> list[dict]:
+    from workers.generation.engine import EngineHost
+
+    engine = EngineHost(settings)
+    started = time.perf_counter()
+    engine.start()
+    print(f"vLLM engine started in {time.perf_counter() - started:.0f}s", flush=True)
+    run_threads(engine.stream, prompts[:4], 4, 8)  # warm up
+    rows = []
+    for c in CONCURRENCY:
+        tokens, wall, ttft, e2e = run_threads(engine.stream, prompts[: max(8, c)], c, max_tokens)
+        rows.append(summarize("vLLM engine alone", c, tokens, wall, ttft, e2e))
+        print(rows[-1], flush=True)
+    engine.shutdown()
+    return rows
+
+
+async def _via_worker(settings: Settings, requests: list[tuple[str, list[dict]]], c: int) -> tuple:
+    from broker.celery_app import create_celery
+    from broker.events import read_events
+    from broker.keys import Keys
+    from broker.queues import GENERATE_TASK, GENERATION_QUEUE
+    from broker.redis_pool import async_client
+
+    app = create_celery(settings)
+    client = async_client(settings)
+    keys = Keys(settings.key_prefix)
+    sem = asyncio.Semaphore(c)
+    ttft, e2e, tokens = [], [], 0
+
+    async def one(query: str, sources: list[dict]) -> None:
+        nonlocal tokens
+        async with sem:
+            rid = uuid.uuid4().hex
+            started = time.perf_counter()
+            kwargs = {
+                "request_id": rid,
+                "query": query,
+                "sources": sources,
+                "timings": {},
+                "enqueued_at": time.time(),
+            }
+            await asyncio.to_thread(app.send_task, GENERATE_TASK, kwargs=kwargs, queue=GENERATION_QUEUE)
+            first = None
+            async for event in read_events(client, keys, rid, timeout_s=600):
+                if event.type == "token" and first is None:
+                    first = time.perf_counter() - started
+                if event.type == "done":
+                    tokens += event.data["usage"]["completion_tokens"]
+            ttft.append(first or time.perf_counter() - started)
+            e2e.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(q, s) for q, s in requests))
+    wall = time.perf_counter() - started
+    await client.aclose()
+    return tokens, wall, ttft, e2e
+
+
+def _env(settings: Settings) -> dict[str, str]:
+    env = dict(os.environ)
+    for name, value in settings.model_dump().items():
+        env[f"RAGLINE_{name.upper()}"] = str(value)
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+def _wait_live(settings: Settings, queue: str, procs: list[subprocess.Popen], timeout: float = 600) -> None:
+    import redis
+
+    from broker.keys import Keys
+
+    client = redis.Redis.from_url(settings.redis_url)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError("a worker exited")
+        if client.zcount(
+            Keys(settings.key_prefix).workers(queue), time.time() - settings.worker_heartbeat_ttl_s, "+inf"
+        ):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(queue)
+
+
+def _start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(60)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+
+
+def lone_requests(settings: Settings, base: str, questions: list[str], n: int = 30) -> list[float]:
+    import httpx
+
+    firsts = []
+    with httpx.Client(base_url=base, timeout=120) as client:
+        for i in range(n + 2):
+            question = f"{questions[i % len(questions)]} ({uuid.uuid4().hex[:6]})"  # never a cache hit
+            started = time.perf_counter()
+            first = None
+            with client.stream("POST", "/v1/query/stream", json={"query": question, "index": FAQ_INDEX}) as r:
+                for line in r.iter_lines():
+                    if line == "event: token" and first is None:
+                        first = time.perf_counter() - started
+            if i >= 2:  # the first two warm the path
+                firsts.append(first or float("nan"))
+    return firsts
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--eager", action="store_true", help="vLLM without torch.compile (starts faster)")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--home", type=Path, default=Path.home() / ".cache" / "ragline-bench")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/8")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    args = parser.parse_args()
+    if not DOCS.exists():
+        raise SystemExit(f"{DOCS} not found: apt-get install python3.11-doc")
+    settings = Settings(
+        home=args.home,
+        redis_url=args.redis_url,
+        dtype="bfloat16",
+        enforce_eager=args.eager,
+        max_num_seqs=32,
+        max_new_tokens=args.max_tokens,
+        default_index=FAQ_INDEX,
+    )
+    from workers.generation.model_prep import prepare_default_model
+
+    (args.home / "models").mkdir(parents=True, exist_ok=True)
+    prepare_default_model(settings)
+    requests = faq_requests(32)
+    prompts = build_prompts(settings, requests)
+    print(f"{len(prompts)} prompts, {args.max_tokens} new tokens each", flush=True)
+
+    rows = bench_transformers(settings, prompts, args.max_tokens)
+    rows += bench_vllm(settings, prompts, args.max_tokens)
+
+    import redis
+
+    redis.Redis.from_url(settings.redis_url).flushdb()
+    from workers.retrieval.ingest import ingest
+
+    ingest(settings, [DOCS / "faq"], index_name=FAQ_INDEX, progress=False)
+    port = _free_port()
+    env = _env(settings.model_copy(update={"api_port": port}))
+    gen = _start([sys.executable, "-m", "ragline", "worker", "generation"], env)
+    ret = _start([sys.executable, "-m", "ragline", "worker", "retrieval"], env)
+    api = _start([sys.executable, "-m", "ragline", "api"], env)
+    try:
+        _wait_live(settings, "generation", [gen, ret, api])
+        _wait_live(settings, "retrieval", [gen, ret, api])
+        asyncio.run(_via_worker(settings, requests[:4], 4))  # warm up
+        for c in CONCURRENCY:
+            tokens, wall, ttft, e2e = asyncio.run(_via_worker(settings, requests[: max(8, c)], c))
+            rows.append(summarize("ragline worker (Celery + stream)", c, tokens, wall, ttft, e2e))
+            print(rows[-1], flush=True)
+        lone = lone_requests(settings, f"http://127.0.0.1:{port}", [q for q, _ in requests])
+    finally:
+        _stop([api, ret, gen])
+    return report(rows, lone, args.out)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def report(rows: list[dict], lone: list[float], out: Path) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    print("\n| engine | concurrent | tok/s | TTFT P50 ms | TTFT P99 ms | e2e P50 ms | e2e P99 ms |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['engine']} | {r['concurrency']} | {r['tok_s']:.0f} | {r['ttft_p50_ms']:.0f} | "
+            f"{r['ttft_p99_ms']:.0f} | {r['e2e_p50_ms']:.0f} | {r['e2e_p99_ms']:.0f} |"
+        )
+    print(
+        f"\nlone full RAG request through the API, {len(lone)} times: first token P50 "
+        f"{pct(lone, 50) * 1000:.0f} ms, P99 {pct(lone, 99) * 1000:.0f} ms"
+    )
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_tok, ax_ttft) = plt.subplots(1, 2, figsize=(11, 4))
+    for name in dict.fromkeys(r["engine"] for r in rows):
+        mine = [r for r in rows if r["engine"] == name]
+        xs = [r["concurrency"] for r in mine]
+        ax_tok.plot(xs, [r["tok_s"] for r in mine], marker="o", label=name)
+        ax_ttft.plot(xs, [r["ttft_p50_ms"] for r in mine], marker="o", label=name)
+    ax_tok.set(xscale="log", xlabel="concurrent requests", ylabel="output tokens/s", title="throughput")
+    ax_ttft.set(xscale="log", yscale="log", xlabel="concurrent requests", ylabel="ms", title="TTFT P50")
+    for ax in (ax_tok, ax_ttft):
+        ax.set_xticks(CONCURRENCY, [str(c) for c in CONCURRENCY])
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "generation.png", dpi=100)
+    print(f"plot: {out / 'generation.png'}")
+
+    def at(name: str, c: int) -> dict:
+        return next(r for r in rows if r["engine"].startswith(name) and r["concurrency"] == c)
+
+    headline = {
+        "speedup_vs_sequential_32": at("ragline", 32)["tok_s"] / at("transformers sequential", 32)["tok_s"],
+        "ragline_over_engine_32": at("ragline", 32)["tok_s"] / at("vLLM", 32)["tok_s"],
+        "ttft_p50_ms_32": at("ragline", 32)["ttft_p50_ms"],
+        "lone_ttft_p50_ms": pct(lone, 50) * 1000,
+    }
+    print(json.dumps({k: round(v, 3) for k, v in headline.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
