@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from api import errors
-from api.routers import health, query
+from api.routers import health, jobs, query
 from api.serving import QueryService
 from broker.celery_app import create_celery
 from broker.redis_pool import async_client
@@ -61,5 +61,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return response
 
     app.include_router(query.router)
+    app.include_router(jobs.router)
     app.include_router(health.router)
     return app

@@ -55,9 +55,9 @@ class QueryService:
             raise ApiError(404, "unknown_index", f"index {index!r} does not exist; ingest it first")
         return query, top_k, index
 
-    async def submit(self, request_id: str, req: QueryRequest) -> None:
+    async def submit(self, request_id: str, req: QueryRequest, *, job_id: str | None = None) -> None:
         query, top_k, index = await self.admit(req)
-        kwargs = {
+        kwargs: dict[str, Any] = {
             "request_id": request_id,
             "query": query,
             "top_k": top_k,
@@ -65,6 +65,8 @@ class QueryService:
             "index": index,
             "enqueued_at": time.time(),
         }
+        if job_id is not None:
+            kwargs["job_id"] = job_id  # an async job: the tasks mirror their events into its record
         loop = asyncio.get_running_loop()
         publish = loop.run_in_executor(
             self._publish_pool,

@@ -38,13 +38,18 @@ def api_command(settings: Settings) -> list[str]:
 
 
 def worker_command(kind: str, settings: Settings) -> list[str]:
-    concurrency = settings.max_num_seqs if kind == "generation" else _RETRIEVAL_THREADS
+    concurrency = {
+        "generation": settings.max_num_seqs,
+        # Webhook attempts mostly wait on the network (up to webhook_timeout_s each).
+        "callbacks": settings.webhook_worker_threads,
+    }.get(kind, _RETRIEVAL_THREADS)
+    app = "workers.callbacks:app" if kind == "callbacks" else f"workers.{kind}.app:app"
     return [
         sys.executable,
         "-m",
         "celery",
         "-A",
-        f"workers.{kind}.app:app",
+        app,
         "worker",
         "-Q",
         kind,

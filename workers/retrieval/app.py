@@ -9,7 +9,8 @@ from typing import Any
 
 from celery.signals import worker_init
 
-from broker import indexes
+from broker import indexes, jobs
+from broker.cancel import is_cancelled
 from broker.celery_app import create_celery
 from broker.events import EventWriter
 from broker.keys import Keys
@@ -58,21 +59,32 @@ def _warm_up(**_: object) -> None:
     state().embedder.encode(["warm up"])
 
 
-def _writer(request_id: str) -> EventWriter:
+def _writer(request_id: str, job_id: str | None = None) -> EventWriter:
+    client = sync_client(settings)
     return EventWriter(
-        sync_client(settings),
+        client,
         keys,
         request_id,
         ttl_s=settings.event_stream_ttl_s,
         maxlen=settings.event_stream_maxlen,
+        job=jobs.tracker(client, settings, job_id),
     )
 
 
 @app.task(name=RETRIEVE_TASK)
-def retrieve(*, request_id: str, query: str, top_k: int, mode: str, index: str, enqueued_at: float) -> None:
+def retrieve(
+    *,
+    request_id: str,
+    query: str,
+    top_k: int,
+    mode: str,
+    index: str,
+    enqueued_at: float,
+    job_id: str | None = None,
+) -> None:
     picked_at = time.time()
-    writer = _writer(request_id)
-    if writer.has_final():  # redelivered after it already finished
+    writer = _writer(request_id, job_id)
+    if not writer.start("retrieving"):  # redelivered after it finished, or a cancelled job
         return
     timings: dict[str, float] = {"queue_ms": max(0.0, (picked_at - enqueued_at) * 1000)}
     try:
@@ -97,6 +109,9 @@ def retrieve(*, request_id: str, query: str, top_k: int, mode: str, index: str, 
     if mode == "retrieval":
         writer.emit("done", {"answer": None, "usage": None, "timings": timings})
         return
+    if is_cancelled(sync_client(settings), keys, request_id):
+        writer.emit("error", {"status": jobs.CANCELLED_STATUS, "message": "cancelled"})
+        return
     app.send_task(
         GENERATE_TASK,
         kwargs={
@@ -105,6 +120,7 @@ def retrieve(*, request_id: str, query: str, top_k: int, mode: str, index: str, 
             "sources": sources,
             "timings": timings,
             "enqueued_at": time.time(),
+            "job_id": job_id,
         },
         queue=GENERATION_QUEUE,
     )
