@@ -45,7 +45,7 @@ class JobResult(BaseModel):
     sources: list[Source]
     usage: Usage | None = None
     timings: dict[str, float] = Field(default_factory=dict)
-    degraded: bool | None = None
+    degraded: bool = Field(default=False, description="Answered retrieval-only under load.")
 
 
 class JobError(BaseModel):

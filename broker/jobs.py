@@ -247,9 +247,8 @@ def view(record: dict[str, str], *, delivery: bool = True) -> dict[str, Any]:
             "sources": _json(record, "sources") or [],
             "usage": done.get("usage"),
             "timings": timings,
+            "degraded": bool(done.get("degraded", False)),
         }
-        if "degraded" in done:
-            result["degraded"] = done["degraded"]
     body: dict[str, Any] = {
         "job_id": record.get("id"),
         "status": status,
