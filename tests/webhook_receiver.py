@@ -5,10 +5,23 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "webhooks.md"
+
+
+def documented_verify() -> Callable[[str, httpx.Headers, bytes], bool]:
+    """The receiver's ``verify`` exactly as docs/webhooks.md prints it (its first Python block)."""
+    code = DOCS.read_text().split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, object] = {}
+    exec(compile(code, str(DOCS), "exec"), namespace)
+    return namespace["verify"]  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,14 @@ import random
 import time
 import uuid
 
+import httpx
 import pytest
 import redis
 
 from broker import jobs, webhooks
 from broker.keys import Keys
 from broker.settings import Settings
+from tests.webhook_receiver import documented_verify
 
 PREFIX = "ragline-test-webhooks"
 KEYS = Keys(PREFIX)
@@ -67,6 +69,18 @@ def test_signature_matches_the_documented_recipe() -> None:
     assert not webhooks.verify("s3cret", timestamp, body + b" ", signature)
     old = str(int(time.time()) - 3600)
     assert not webhooks.verify("s3cret", old, body, webhooks.sign("s3cret", old, body))
+
+
+def test_the_recipe_in_the_docs_verifies() -> None:
+    verify = documented_verify()
+    body = b'{"job_id":"abc","status":"done"}'
+    timestamp = str(int(time.time()))
+    headers = httpx.Headers(
+        {"X-Ragline-Timestamp": timestamp, "X-Ragline-Signature": webhooks.sign("s3cret", timestamp, body)}
+    )
+    assert verify("s3cret", headers, body)
+    assert not verify("s3cret", headers, body.replace(b"done", b"fail"))
+    assert not verify("other", headers, body)
 
 
 def test_backoff_grows_is_capped_and_jittered() -> None:
