@@ -84,8 +84,10 @@ class JobService:
             now=time.time(),
         )
         digest = jobs.idempotency_digest(principal, idempotency_key) if idempotency_key else None
-        created, job_id = await self._store.create(record, idempotency=digest)
-        if not created:
+        for _ in range(2):
+            created, job_id = await self._store.create(record, idempotency=digest)
+            if created:
+                break
             existing = await self._store.load(job_id)
             if existing is not None:
                 if existing.get("fingerprint") != record["fingerprint"]:
@@ -97,8 +99,9 @@ class JobService:
                     )
                 return _accepted(job_id, existing["status"]), True
             # The job expired before its key did: the key names nothing, start afresh.
-            await self._store.forget_idempotency(digest)  # type: ignore[arg-type]
-            created, job_id = await self._store.create(record, idempotency=digest)
+            await self._store.forget_idempotency(digest or "")
+        else:
+            raise ApiError(503, "unavailable", "could not create the job", headers={"Retry-After": "1"})
         try:
             await self._queries.submit(job_id, body, job_id=job_id)
         except ApiError:

@@ -129,6 +129,19 @@ def test_idempotency_key_returns_the_same_job(client: httpx.Client, test_index: 
     assert fresh.json()["job_id"] != first.json()["job_id"]
 
 
+def test_a_key_whose_job_expired_starts_a_new_job(
+    client: httpx.Client, test_index: str, settings: Settings
+) -> None:
+    key = {"Idempotency-Key": f"k-{uuid.uuid4()}"}
+    body = {"query": "When is the library closed?", "mode": "retrieval"}
+    first = client.post("/v1/jobs", json=body, headers=key).json()["job_id"]
+    redis.Redis.from_url(settings.redis_url).delete(Keys(settings.key_prefix).job(first))
+    again = client.post("/v1/jobs", json=body, headers=key)
+    assert again.status_code == 202 and "Idempotent-Replayed" not in again.headers
+    assert again.json()["job_id"] != first
+    assert client.get(f"/v1/jobs/{first}").status_code == 404
+
+
 def test_jobs_are_scoped_to_their_principal(settings: Settings, test_index: str) -> None:
     """In-process app whose test middleware plays the API-key layer (it sets request.state.principal)."""
     from api.app import create_app
