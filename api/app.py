@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from api import errors
-from api.routers import health, metrics, query
+from api.routers import health, jobs, metrics, query
 from api.serving import QueryService
 from broker import metrics as prom
 from broker.celery_app import create_celery
@@ -65,6 +65,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return response
 
     app.include_router(query.router)
+    app.include_router(jobs.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
     return app

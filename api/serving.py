@@ -17,7 +17,7 @@ from celery import Celery
 from api.coalescer import Coalescer
 from api.errors import ApiError
 from api.protocol import QueryRequest, QueryResponse, Source, Timings, Usage
-from broker import metrics
+from broker import indexes, metrics
 from broker.events import Event, EventTimeout, read_events
 from broker.keys import Keys
 from broker.normalize import query_digest
@@ -125,7 +125,16 @@ class QueryService:
         )
         await asyncio.wait_for(publish, _ENQUEUE_TIMEOUT_S)
 
-    async def enqueue(self, request_id: str, a: Admitted, *, index_version: str) -> None:
+    async def index_version(self, index: str) -> str:
+        """The current version of ``index``, or 404 (for callers that skip the result cache)."""
+        info = await indexes.alookup(self._redis, self._keys, index)
+        if info is None:
+            raise ApiError(404, "unknown_index", f"index {index!r} does not exist; ingest it first")
+        return info.version
+
+    async def enqueue(
+        self, request_id: str, a: Admitted, *, index_version: str, job_id: str | None = None
+    ) -> None:
         item = {
             "request_id": request_id,
             "query": a.query,
@@ -138,8 +147,12 @@ class QueryService:
             "allow_early_exit": a.allow_early_exit,
             "enqueued_at": time.time(),
         }
+        if job_id is not None:
+            item["job_id"] = job_id  # an async job: the tasks mirror their events into its record
         try:
             await self._coalescer.submit(item)
+            if job_id is not None:
+                self._coalescer.settle()  # nobody here waits for a job's events
         except Exception as exc:
             raise ApiError(
                 503, "unavailable", f"could not enqueue the request: {exc!r}", headers={"Retry-After": "1"}

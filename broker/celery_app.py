@@ -5,7 +5,14 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Queue
 
-from broker.queues import GENERATE_TASK, GENERATION_QUEUE, RETRIEVAL_QUEUE, RETRIEVE_TASK
+from broker.queues import (
+    CALLBACKS_QUEUE,
+    DELIVER_WEBHOOK_TASK,
+    GENERATE_TASK,
+    GENERATION_QUEUE,
+    RETRIEVAL_QUEUE,
+    RETRIEVE_TASK,
+)
 from broker.settings import Settings, get_settings
 
 
@@ -31,13 +38,20 @@ def create_celery(settings: Settings | None = None) -> Celery:
         worker_prefetch_multiplier=1,  # what a worker holds is visible to the monitor as unacked
         broker_transport_options=transport_options,
         result_backend_transport_options=transport_options,
+        # The third place Celery's Redis docs name ("required to set all of them"): with
+        # several apps on one broker the shortest value wins, unset counting as the 1 h default.
+        visibility_timeout=settings.visibility_timeout_s,
         broker_connection_retry_on_startup=True,
         broker_connection_timeout=settings.redis_connect_timeout_s,
         task_publish_retry=True,
         task_publish_retry_policy={"max_retries": 3, "interval_start": 0, "interval_step": 0.2},
-        task_queues=[Queue(RETRIEVAL_QUEUE), Queue(GENERATION_QUEUE)],
+        task_queues=[Queue(RETRIEVAL_QUEUE), Queue(GENERATION_QUEUE), Queue(CALLBACKS_QUEUE)],
         task_default_queue=RETRIEVAL_QUEUE,
-        task_routes={RETRIEVE_TASK: {"queue": RETRIEVAL_QUEUE}, GENERATE_TASK: {"queue": GENERATION_QUEUE}},
+        task_routes={
+            RETRIEVE_TASK: {"queue": RETRIEVAL_QUEUE},
+            GENERATE_TASK: {"queue": GENERATION_QUEUE},
+            DELIVER_WEBHOOK_TASK: {"queue": CALLBACKS_QUEUE},
+        },
         worker_send_task_events=False,  # costs ~20% throughput here; Flower still sees workers
         worker_hijack_root_logger=False,
         worker_cancel_long_running_tasks_on_connection_loss=False,

@@ -10,12 +10,15 @@ import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import redis
 import redis.asyncio as aioredis
 
 from broker.keys import Keys
+
+if TYPE_CHECKING:
+    from broker.jobs import JobTracker
 
 EventType = Literal["sources", "token", "done", "error"]
 FINAL_EVENTS = frozenset({"done", "error"})
@@ -29,15 +32,43 @@ class Event:
 
 
 class EventWriter:
-    """Appends events for one request; used from worker threads."""
+    """Appends events for one request; used from worker threads.
 
-    def __init__(self, client: redis.Redis, keys: Keys, request_id: str, *, ttl_s: int, maxlen: int) -> None:
+    With a ``job`` tracker (the request is an async job) the events also drive the job record:
+    ``sources`` moves it to ``generating``, and the final event is appended by the tracker in the
+    same atomic step that finishes the job.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        request_id: str,
+        *,
+        ttl_s: int,
+        maxlen: int,
+        job: JobTracker | None = None,
+    ) -> None:
         self._client = client
         self._key = keys.events(request_id)
         self._ttl_s = ttl_s
         self._maxlen = maxlen
+        self._job = job
+
+    def start(self, stage: str) -> bool:
+        """A task begins ``stage`` of the request; False when the request already finished (a
+        redelivered task must not answer twice) or its job is cancelled or gone."""
+        if self.has_final():
+            return False
+        return self._job is None or self._job.start(stage)
 
     def emit(self, type_: EventType, data: dict[str, Any]) -> None:
+        if self._job is not None:
+            if type_ in FINAL_EVENTS:
+                self._job.finish(self._key, type_, data, stream_ttl_s=self._ttl_s, maxlen=self._maxlen)
+                return
+            if type_ == "sources":
+                self._job.on_sources(data)
         pipe = self._client.pipeline(transaction=False)
         pipe.xadd(self._key, {"type": type_, "data": json.dumps(data)}, maxlen=self._maxlen, approximate=True)
         pipe.expire(self._key, self._ttl_s)

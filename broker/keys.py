@@ -30,3 +30,29 @@ class Keys:
     def embedding(self, digest: str) -> str:
         """Level-2 cache: text digest -> float32 embedding bytes."""
         return f"{self.prefix}:emb:{digest}"
+
+    def job(self, job_id: str) -> str:
+        """Hash: one async job's record (status, timestamps, request, result, delivery state)."""
+        return f"{self.prefix}:job:{job_id}"
+
+    def idempotency(self, digest: str) -> str:
+        """String: the job id an Idempotency-Key maps to (digest: sha256 of principal and key)."""
+        return f"{self.prefix}:idem:{digest}"
+
+    def cancel(self, request_id: str) -> str:
+        """String with a short TTL: present while a request (or job) is to be cancelled."""
+        return f"{self.prefix}:cancel:{request_id}"
+
+    def webhook_secret(self, principal: str) -> str:
+        """String: the principal's own webhook HMAC secret (else Settings.webhook_secret)."""
+        return f"{self.prefix}:webhook-secret:{principal}"
+
+    @property
+    def webhook_schedule(self) -> str:
+        """Sorted set: "{job_id}:{attempt}" -> unix time the delivery attempt is due."""
+        return f"{self.prefix}:webhooks:scheduled"
+
+    @property
+    def webhook_dead(self) -> str:
+        """List: JSON of each delivery given up after its last attempt, newest first."""
+        return f"{self.prefix}:webhooks:dead"

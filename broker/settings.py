@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 def _default_home() -> Path:
@@ -104,6 +106,9 @@ class Settings(BaseSettings):
     # The default "auto" leaves the model one core on this 2-core machine (40-60% slower).
     cpu_omp_threads_bind: str = "0-1"
     max_new_tokens: int = 128
+    # Forces at least this many tokens (0 = stop at end-of-sequence as usual): fixed-length
+    # outputs for benchmarks, and a long generation for tests that interrupt one.
+    min_new_tokens: int = 0
     temperature: float = 0.0
     generation_timeout_s: float = 120.0
     # Early exit: answer with the best source, without generating, when its score clears this
@@ -123,10 +128,46 @@ class Settings(BaseSettings):
     # Readiness must answer fast even if Redis is slow.
     readyz_timeout_s: float = 0.08
 
+    # -- async jobs and webhooks ------------------------------------------------------------
+    # Job records (status, result, delivery state) live this long after their last change.
+    job_ttl_s: int = 7 * 24 * 3600
+    # An Idempotency-Key maps to its job for this long.
+    idempotency_ttl_s: int = 24 * 3600
+    job_metadata_max_bytes: int = 4096
+    # A cancel flag outlives any task that could still look for it (a redelivery included).
+    cancel_ttl_s: int = 3600
+    # The HMAC key for principals without a secret of their own (ragline:webhook-secret:{principal}).
+    # This default is for development only: production must set RAGLINE_WEBHOOK_SECRET.
+    webhook_secret: str = "dev-whsec-6b1f0c9e4a7d4e2b8c53f1a0d9e7b246"
+    # Hostnames (exact, case-insensitive) allowed to resolve to non-public addresses; JSON list
+    # or comma-separated in the environment. Empty: every webhook must resolve to public IPs.
+    webhook_host_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    webhook_timeout_s: float = 10.0
+    webhook_dns_timeout_s: float = 2.0
+    webhook_max_attempts: int = 8
+    # Backoff before attempt n+1: min(max, base * 2**(n-1)), half of it jittered.
+    webhook_backoff_base_s: float = 1.0
+    webhook_backoff_max_s: float = 600.0
+    # How often the callbacks worker moves due retries from the schedule onto the queue.
+    webhook_poll_interval_s: float = 0.25
+    webhook_dead_letter_max: int = 10_000
+    webhook_worker_threads: int = 16
+
     # -- Flower ---------------------------------------------------------------------------
     flower_port: int = 5555
     flower_user: str = "admin"
     flower_password: str = "ragline"
+
+    @field_validator("webhook_host_allowlist", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            items = json.loads(text) if text.startswith("[") else text.split(",")
+            return [str(h).strip().lower() for h in items if str(h).strip()]
+        if isinstance(value, list | tuple):
+            return [str(h).strip().lower() for h in value if str(h).strip()]
+        return value
 
     @property
     def models_dir(self) -> Path:

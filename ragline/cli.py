@@ -69,6 +69,18 @@ def _flower(args: argparse.Namespace, settings: Settings) -> int:
     return _exec(processes.flower_command(settings), processes.child_env(settings, kind="flower"))
 
 
+def _webhooks_dead(args: argparse.Namespace, settings: Settings) -> int:
+    import json
+
+    from broker.keys import Keys
+    from broker.redis_pool import sync_client
+    from broker.webhooks import dead_letters
+
+    for entry in dead_letters(sync_client(settings), Keys(settings.key_prefix), limit=args.limit):
+        print(json.dumps(entry, separators=(",", ":")))
+    return 0
+
+
 def _up(args: argparse.Namespace, settings: Settings) -> int:
     from ragline.stack import running_stack
 
@@ -125,13 +137,19 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.set_defaults(func=_ingest)
 
     worker = sub.add_parser("worker", help="run a Celery worker")
-    worker.add_argument("kind", choices=["retrieval", "generation"])
+    worker.add_argument("kind", choices=["retrieval", "generation", "callbacks"])
     worker.set_defaults(func=_worker)
+
+    hooks = sub.add_parser("webhooks", help="inspect webhook delivery")
+    hooks_sub = hooks.add_subparsers(dest="webhooks_command", required=True)
+    dead = hooks_sub.add_parser("dead", help="list dead-lettered deliveries as JSON lines, newest first")
+    dead.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    dead.set_defaults(func=_webhooks_dead)
 
     sub.add_parser("api", help="serve the HTTP API with uvicorn").set_defaults(func=_api)
     sub.add_parser("flower", help="run Flower (basic auth from settings)").set_defaults(func=_flower)
 
-    up = sub.add_parser("up", help="run the API, both workers and Flower in the foreground")
+    up = sub.add_parser("up", help="run the API, the workers and Flower in the foreground")
     up.add_argument("--no-flower", action="store_true")
     up.set_defaults(func=_up)
 

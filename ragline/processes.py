@@ -38,10 +38,15 @@ def api_command(settings: Settings) -> list[str]:
 
 def worker_command(kind: str, settings: Settings) -> list[str]:
     # Retrieval batches run one at a time on the main thread (see workers/retrieval/app.py);
-    # generation needs a thread per request in flight so the engine can batch them.
-    pool = ["-P", "threads", "-c", str(settings.max_num_seqs)] if kind == "generation" else ["-P", "solo"]
+    # generation needs a thread per request in flight so the engine can batch them; webhook
+    # attempts mostly wait on the network (up to webhook_timeout_s each).
+    pool = {
+        "generation": ["-P", "threads", "-c", str(settings.max_num_seqs)],
+        "callbacks": ["-P", "threads", "-c", str(settings.webhook_worker_threads)],
+    }.get(kind, ["-P", "solo"])
+    app = "workers.callbacks:app" if kind == "callbacks" else f"workers.{kind}.app:app"
     return [
-        *(sys.executable, "-m", "celery", "-A", f"workers.{kind}.app:app", "worker", "-Q", kind),
+        *(sys.executable, "-m", "celery", "-A", app, "worker", "-Q", kind),
         *pool,
         "--prefetch-multiplier=1",
         "--without-gossip",

@@ -1,4 +1,4 @@
-"""``ragline up``: Redis (embedded when none answers), the API, both workers and Flower."""
+"""``ragline up``: Redis (embedded when none answers), the API, the workers and Flower."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def running_stack(settings: Settings, *, flower: bool = True) -> Iterator[Stack]
     supervisor = Supervisor()
     try:
         settings = settings.model_copy(update={"redis_url": _redis_url(settings, supervisor)})
-        for kind in ("retrieval", "generation"):
+        for kind in ("retrieval", "generation", "callbacks"):
             supervisor.start(
                 f"{kind}-worker",
                 processes.worker_command(kind, settings),

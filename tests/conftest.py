@@ -7,6 +7,7 @@ the whole session; tests that stop a worker start it again.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -87,13 +88,21 @@ def settings(redis_url: str, home: Path) -> Settings:
         request_timeout_s=120.0,
         chunk_words=80,
         chunk_overlap_words=10,
+        # Webhook tests deliver to a local receiver on 127.0.0.1, quickly retried.
+        webhook_host_allowlist=["127.0.0.1"],
+        webhook_backoff_base_s=0.2,
+        webhook_backoff_max_s=1.0,
+        webhook_max_attempts=4,
+        webhook_poll_interval_s=0.1,
+        webhook_worker_threads=4,
     )
 
 
 def env_for(settings: Settings) -> dict[str, str]:
     env = dict(os.environ)
     for name, value in settings.model_dump().items():
-        env[f"RAGLINE_{name.upper()}"] = str(value)
+        # Lists travel as JSON, the way pydantic-settings reads them.
+        env[f"RAGLINE_{name.upper()}"] = json.dumps(value) if isinstance(value, list | dict) else str(value)
     env["HF_HUB_OFFLINE"] = "1"
     env["TOKENIZERS_PARALLELISM"] = "false"
     env["PYTHONUNBUFFERED"] = "1"
@@ -212,6 +221,21 @@ def workers(
     finally:
         retrieval.stop()
         generation.stop(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def callbacks_worker(
+    settings: Settings, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Proc]:
+    """The webhook delivery worker (light: no models), started by the tests that need it."""
+    log = tmp_path_factory.mktemp("callbacks-logs") / "callbacks.log"
+    proc = Proc("callbacks-worker", _ragline("worker", "callbacks"), env_for(settings), log)
+    proc.start()
+    try:
+        wait_for_workers(settings, ("callbacks",), [proc], timeout=120)
+        yield proc
+    finally:
+        proc.stop()
 
 
 @dataclass

@@ -13,7 +13,8 @@ from typing import Any
 from celery.exceptions import Reject
 from celery.signals import worker_init, worker_shutdown
 
-from broker import metrics
+from broker import jobs, metrics
+from broker.cancel import CancelCheck
 from broker.celery_app import create_celery
 from broker.events import EventWriter
 from broker.keys import Keys
@@ -62,17 +63,20 @@ def generate(
     sources: list[dict[str, Any]],
     timings: dict[str, float],
     enqueued_at: float,
+    job_id: str | None = None,
 ) -> None:
     picked_at = time.time()
     metrics.QUEUE_WAIT_SECONDS.labels(GENERATION_QUEUE).observe(max(0.0, picked_at - enqueued_at))
+    client = sync_client(settings)
     writer = EventWriter(
-        sync_client(settings),
+        client,
         keys,
         request_id,
         ttl_s=settings.event_stream_ttl_s,
         maxlen=settings.event_stream_maxlen,
+        job=jobs.tracker(client, settings, job_id),
     )
-    if writer.has_final():
+    if not writer.start("generating"):
         return
     if _engine is None:
         raise Reject("engine not started", requeue=True)
@@ -87,13 +91,19 @@ def generate(
     pieces: list[str] = []
     first_token_ms: float | None = None
     completion_tokens = 0
+    cancelled = CancelCheck(client, keys, request_id)
     try:
-        for delta in _engine.stream(
+        stream = _engine.stream(
             request_id,
             prompt.text,
             max_tokens=settings.max_new_tokens,
             timeout_s=settings.generation_timeout_s,
-        ):
+        )
+        for delta in stream:
+            if cancelled():
+                stream.close()  # aborts the request in the engine
+                writer.emit("error", {"status": jobs.CANCELLED_STATUS, "message": "cancelled"})
+                return
             completion_tokens = delta.completion_tokens
             if delta.text:
                 if first_token_ms is None:

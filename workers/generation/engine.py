@@ -110,6 +110,7 @@ class EngineHost:
 
         params = SamplingParams(
             max_tokens=max_tokens,
+            min_tokens=min(self._settings.min_new_tokens, max_tokens),
             temperature=self._settings.temperature,
             output_kind=RequestOutputKind.DELTA,
         )

@@ -14,9 +14,10 @@ from typing import Any
 
 from celery.signals import worker_init
 
-from broker import indexes
+from broker import indexes, jobs
+from broker.cancel import is_cancelled
 from broker.celery_app import create_celery
-from broker.events import emit_many, finished
+from broker.events import EventWriter, emit_many, finished
 from broker.keys import Keys
 from broker.queues import GENERATE_TASK, GENERATION_QUEUE, RETRIEVAL_QUEUE, RETRIEVE_TASK
 from broker.redis_pool import sync_client
@@ -62,31 +63,57 @@ def _warm_up(**_: object) -> None:
     retriever()
 
 
+def _job_writer(request_id: str, job_id: str) -> EventWriter:
+    client = sync_client(settings)
+    return EventWriter(
+        client,
+        keys,
+        request_id,
+        ttl_s=settings.event_stream_ttl_s,
+        maxlen=settings.event_stream_maxlen,
+        job=jobs.tracker(client, settings, job_id),
+    )
+
+
 @app.task(name=RETRIEVE_TASK)
 def retrieve(*, requests: list[dict[str, Any]]) -> None:
     picked_at = time.time()
     client = sync_client(settings)
-    # A redelivered batch (its worker died) skips the requests that already finished.
+    # A redelivered batch (its worker died) skips the requests that already finished; a job
+    # also moves to `retrieving` here, or is skipped if it was cancelled.
     done = finished(client, keys, [r["request_id"] for r in requests])
-    pending = [r for r in requests if r["request_id"] not in done]
+    writers = {
+        r["request_id"]: _job_writer(r["request_id"], r["job_id"]) for r in requests if r.get("job_id")
+    }
+    pending = [
+        r
+        for r in requests
+        if r["request_id"] not in done
+        and (r["request_id"] not in writers or writers[r["request_id"]].start("retrieving"))
+    ]
     if not pending:
         return
     try:
         result = retriever().run(pending, picked_at=picked_at)
     except Exception as exc:
         log.exception("retrieval batch of %d failed", len(pending))
-        events = [
+        result_events = [
             (r["request_id"], "error", {"status": 500, "message": f"retrieval failed: {exc}"})
             for r in pending
         ]
-        emit_many(
-            client, keys, events, ttl_s=settings.event_stream_ttl_s, maxlen=settings.event_stream_maxlen
-        )
-        return
-    emit_many(
-        client, keys, result.events, ttl_s=settings.event_stream_ttl_s, maxlen=settings.event_stream_maxlen
-    )
-    for r in result.to_generate:
+        to_generate: list[dict[str, Any]] = []
+    else:
+        result_events, to_generate = result.events, result.to_generate
+    # Job events go through their writer, which finishes the job atomically with its final event.
+    plain = [e for e in result_events if e[0] not in writers]
+    emit_many(client, keys, plain, ttl_s=settings.event_stream_ttl_s, maxlen=settings.event_stream_maxlen)
+    for request_id, kind, data in result_events:
+        if request_id in writers:
+            writers[request_id].emit(kind, data)
+    for r in to_generate:
+        if r["request_id"] in writers and is_cancelled(client, keys, r["request_id"]):
+            writers[r["request_id"]].emit("error", {"status": jobs.CANCELLED_STATUS, "message": "cancelled"})
+            continue
         app.send_task(
             GENERATE_TASK,
             kwargs={
@@ -95,6 +122,7 @@ def retrieve(*, requests: list[dict[str, Any]]) -> None:
                 "sources": r["sources"],
                 "timings": r["timings"],
                 "enqueued_at": time.time(),
+                "job_id": r.get("job_id"),
             },
             queue=GENERATION_QUEUE,
         )

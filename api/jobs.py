@@ -1,0 +1,142 @@
+"""Async jobs: admit like a query, store a durable record, enqueue the same tasks, read it back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import redis.asyncio as aioredis
+
+from api.errors import ApiError
+from api.jobs_protocol import JobAccepted, JobRequest, JobView
+from api.serving import QueryService
+from broker import jobs
+from broker.cancel import arequest_cancel
+from broker.keys import Keys
+from broker.settings import Settings
+from broker.ssrf import WebhookRefused, check_url
+
+_MAX_IDEMPOTENCY_KEY = 255
+
+
+def _not_found(job_id: str) -> ApiError:
+    return ApiError(404, "not_found", f"no job {job_id!r}")
+
+
+def status_url(job_id: str) -> str:
+    # Relative: right behind any proxy or host name the client used.
+    return f"/v1/jobs/{job_id}"
+
+
+def _accepted(job_id: str, status: str) -> JobAccepted:
+    return JobAccepted(job_id=job_id, status=status, status_url=status_url(job_id))  # type: ignore[arg-type]
+
+
+class JobService:
+    def __init__(self, settings: Settings, redis: aioredis.Redis, queries: QueryService) -> None:
+        self._settings = settings
+        self._redis = redis
+        self._queries = queries
+        self._keys = Keys(settings.key_prefix)
+        self._store = jobs.AsyncJobStore(redis, settings)
+
+    async def _check_webhook(self, url: str) -> str:
+        s = self._settings
+        try:
+            # getaddrinfo blocks: off the event loop, and bounded by the guard itself.
+            await asyncio.to_thread(
+                check_url, url, allowlist=s.webhook_host_allowlist, timeout_s=s.webhook_dns_timeout_s
+            )
+        except WebhookRefused as exc:
+            raise ApiError(422, "invalid_webhook_url", str(exc)) from None
+        return url
+
+    def _check_metadata(self, metadata: dict[str, object] | None) -> None:
+        if metadata is None:
+            return
+        size = len(json.dumps(metadata, separators=(",", ":")).encode())
+        limit = self._settings.job_metadata_max_bytes
+        if size > limit:
+            raise ApiError(422, "invalid_request", f"metadata is {size} bytes of JSON; the limit is {limit}")
+
+    @staticmethod
+    def _check_key(key: str) -> None:
+        if not 1 <= len(key) <= _MAX_IDEMPOTENCY_KEY or not key.isprintable():
+            limit = _MAX_IDEMPOTENCY_KEY
+            raise ApiError(422, "invalid_request", f"Idempotency-Key must be 1..{limit} printable characters")
+
+    async def submit(
+        self, *, request_id: str, principal: str, body: JobRequest, idempotency_key: str | None
+    ) -> tuple[JobAccepted, bool]:
+        """Create and enqueue a job; returns (accepted, replayed) — replayed for a known key."""
+        if idempotency_key is not None:
+            self._check_key(idempotency_key)
+        admitted = self._queries.admit(body)
+        version = await self._queries.index_version(admitted.index)
+        self._check_metadata(body.metadata)
+        webhook_url = await self._check_webhook(body.webhook_url) if body.webhook_url else None
+        record = jobs.new_record(
+            job_id=request_id,  # the job's request id: one id in logs, events and the job record
+            owner=principal,
+            request={
+                "query": admitted.query,
+                "top_k": admitted.top_k,
+                "mode": admitted.mode,
+                "index": admitted.index,
+            },
+            webhook_url=webhook_url,
+            metadata=body.metadata,
+            now=time.time(),
+        )
+        digest = jobs.idempotency_digest(principal, idempotency_key) if idempotency_key else None
+        for _ in range(2):
+            created, job_id = await self._store.create(record, idempotency=digest)
+            if created:
+                break
+            existing = await self._store.load(job_id)
+            if existing is not None:
+                if existing.get("fingerprint") != record["fingerprint"]:
+                    raise ApiError(
+                        422,
+                        "idempotency_key_reused",
+                        "this Idempotency-Key was used for a different request within "
+                        f"{self._settings.idempotency_ttl_s // 3600} h",
+                    )
+                return _accepted(job_id, existing["status"]), True
+            # The job expired before its key did: the key names nothing, start afresh.
+            await self._store.forget_idempotency(digest or "")
+        else:
+            raise ApiError(503, "unavailable", "could not create the job", headers={"Retry-After": "1"})
+        try:
+            await self._queries.enqueue(job_id, admitted, index_version=version, job_id=job_id)
+        except ApiError:
+            # Nothing was enqueued: forget the job so that a retry with the same key enqueues it.
+            await self._store.discard(job_id, idempotency=digest)
+            raise
+        return _accepted(job_id, "queued"), False
+
+    async def _owned(self, principal: str, job_id: str) -> dict[str, str]:
+        if not job_id.isalnum() or len(job_id) > 64:
+            raise _not_found(job_id)
+        record = await self._store.load(job_id)
+        # Another principal's job answers exactly like an unknown one: its existence is not shown.
+        if record is None or record.get("owner") != principal:
+            raise _not_found(job_id)
+        return record
+
+    async def get(self, principal: str, job_id: str) -> JobView:
+        return JobView.model_validate(jobs.view(await self._owned(principal, job_id)))
+
+    async def cancel(self, principal: str, job_id: str) -> JobView:
+        await self._owned(principal, job_id)
+        outcome = await self._store.cancel(job_id)
+        if outcome == "missing":
+            raise _not_found(job_id)
+        if outcome == "first":
+            # A running generation task sees this within ~100 ms and aborts its engine request.
+            await arequest_cancel(self._redis, self._keys, job_id, ttl_s=self._settings.cancel_ttl_s)
+        record = await self._owned(principal, job_id)
+        if record["status"] != "cancelled":
+            raise ApiError(409, "already_finished", f"job {job_id} is already {record['status']}")
+        return JobView.model_validate(jobs.view(record))

@@ -1,0 +1,88 @@
+"""Request and response bodies of the async jobs endpoints."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
+
+from api.protocol import QueryRequest, Source, Usage
+
+JobStatus = Literal["queued", "retrieving", "generating", "done", "failed", "cancelled"]
+DeliveryStatus = Literal["pending", "scheduled", "delivering", "delivered", "gone", "dead"]
+
+
+class JobRequest(QueryRequest):
+    model_config = ConfigDict(extra="forbid")
+
+    webhook_url: StrictStr | None = Field(
+        default=None,
+        description="http(s) URL that receives the job's final JSON, signed (see docs/webhooks.md). "
+        "It must resolve to public addresses only.",
+    )
+    metadata: dict[str, Any] | None = Field(
+        default=None,
+        description="Any JSON object, echoed back in the job and its webhook "
+        "(at most RAGLINE_JOB_METADATA_MAX_BYTES serialised).",
+    )
+
+
+class JobAccepted(BaseModel):
+    job_id: str
+    status: JobStatus
+    status_url: str = Field(description="Where to poll the job: GET it for status and result.")
+
+
+class JobQuery(BaseModel):
+    query: str
+    top_k: int
+    mode: Literal["rag", "retrieval"]
+    index: str
+
+
+class JobResult(BaseModel):
+    answer: str | None
+    sources: list[Source]
+    usage: Usage | None = None
+    timings: dict[str, float] = Field(default_factory=dict)
+    degraded: bool = Field(default=False, description="Answered retrieval-only under load.")
+
+
+class JobError(BaseModel):
+    status: int = Field(description="HTTP-like status: 499 cancelled, 404 unknown index, 5xx failures.")
+    message: str
+
+
+class WebhookAttempt(BaseModel):
+    attempt: int
+    at: str
+    status_code: int | None = None
+    error: str | None = None
+    duration_ms: float | None = None
+
+
+class WebhookState(BaseModel):
+    delivery_id: str = Field(description="The X-Ragline-Delivery header: the same on every attempt.")
+    status: DeliveryStatus = Field(
+        description="pending (job running), scheduled, delivering, delivered, gone (the receiver "
+        "answered 410: no more attempts), dead (every attempt failed: dead-lettered)."
+    )
+    attempts: int
+    next_attempt_at: str | None = None
+    last_attempt: WebhookAttempt | None = None
+    delivered_at: str | None = None
+    dead_lettered_at: str | None = None
+
+
+class JobView(BaseModel):
+    job_id: str
+    status: JobStatus
+    created_at: str
+    updated_at: str
+    timestamps: dict[str, str] = Field(description="When the job entered each status it went through.")
+    request: JobQuery
+    metadata: dict[str, Any] | None = None
+    webhook_url: str | None = None
+    result: JobResult | None = Field(default=None, description="Present when the job is done.")
+    error: JobError | None = Field(default=None, description="Present when it failed or was cancelled.")
+    webhook: WebhookState | None = None

@@ -1,0 +1,68 @@
+"""POST /v1/jobs (202), GET /v1/jobs/{id}, DELETE /v1/jobs/{id} (cancel)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Header, Request, Response
+
+from api.jobs import JobService
+from api.jobs_protocol import JobAccepted, JobRequest, JobView
+from api.protocol import ErrorBody
+
+router = APIRouter(prefix="/v1", tags=["jobs"])
+
+_ERRORS = {
+    400: {"model": ErrorBody},
+    404: {"model": ErrorBody},
+    409: {"model": ErrorBody},
+    422: {"model": ErrorBody},
+    503: {"model": ErrorBody},
+}
+
+
+def _service(request: Request) -> JobService:
+    # Built on first use from what the app's lifespan set up, so the app factory only has to
+    # include this router.
+    state = request.app.state
+    service = getattr(state, "job_service", None)
+    if service is None:
+        service = state.job_service = JobService(state.settings, state.redis, state.query_service)
+    return service
+
+
+def _principal(request: Request) -> str:
+    # Set by API-key authentication when it is configured; everyone shares one scope otherwise.
+    return getattr(request.state, "principal", "anonymous")
+
+
+@router.post("/jobs", status_code=202, response_model=JobAccepted, responses=_ERRORS)
+async def create_job(
+    body: JobRequest,
+    request: Request,
+    response: Response,
+    idempotency_key: str | None = Header(
+        default=None, description="The same key within 24 h returns the same job instead of a new one."
+    ),
+) -> JobAccepted:
+    """Start a job; poll ``status_url`` or wait for the webhook."""
+    accepted, replayed = await _service(request).submit(
+        request_id=request.state.request_id,
+        principal=_principal(request),
+        body=body,
+        idempotency_key=idempotency_key,
+    )
+    response.headers["Location"] = accepted.status_url
+    if replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return accepted
+
+
+@router.get("/jobs/{job_id}", response_model=JobView, responses=_ERRORS)
+async def get_job(job_id: str, request: Request) -> JobView:
+    """Status, timestamps, the result when done, and the webhook's delivery state."""
+    return await _service(request).get(_principal(request), job_id)
+
+
+@router.delete("/jobs/{job_id}", response_model=JobView, responses=_ERRORS)
+async def cancel_job(job_id: str, request: Request) -> JobView:
+    """Cancel a job that has not finished (a running generation is aborted); 409 when it has."""
+    return await _service(request).cancel(_principal(request), job_id)

@@ -1,0 +1,281 @@
+"""Async jobs: a durable record per job in Redis, forward-only stages, one final result.
+
+A job is a query whose request id is the job id: it runs the same retrieval and generation tasks
+and writes the same event stream; a :class:`JobTracker` hooked into the tasks' ``EventWriter``
+mirrors the stream into the job record. Every state change is one Lua script, so concurrent or
+redelivered tasks cannot move a job backwards, out of ``cancelled``, or finish it twice: only
+the first final transition returns ``"first"``, and that same script appends the final event
+and schedules the webhook (see ``broker/webhooks.py``).
+
+Record ``ragline:job:{id}`` (a hash, TTL ``job_ttl_s`` from its last change): ``status``,
+``owner`` (the principal), ``created_at``/``updated_at`` and ``{stage}_at`` (unix seconds),
+``request`` and ``mode``, ``metadata``, ``fingerprint`` (Idempotency-Key replays must match),
+``sources``/``result``/``error`` (JSON), ``webhook_url`` and the delivery fields
+``delivery_id``, ``delivery_status``, ``delivery_attempts``, ``delivery_last``, ...
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from broker.keys import Keys
+from broker.settings import Settings
+
+STAGES = ("queued", "retrieving", "generating")
+FINAL_STATUSES = ("done", "failed", "cancelled")
+STATUSES = STAGES + FINAL_STATUSES
+# What a client that gives up sends, by nginx's convention; an error event with it cancels a job.
+CANCELLED_STATUS = 499
+
+_LUA_DIR = Path(__file__).parent
+
+
+@cache
+def lua(name: str) -> str:
+    return (_LUA_DIR / f"{name}.lua").read_text()
+
+
+def _flat(fields: dict[str, str]) -> list[str]:
+    return [x for pair in fields.items() for x in pair]
+
+
+def decode(raw: dict[bytes, bytes] | dict[str, str]) -> dict[str, str]:
+    return {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+        for k, v in raw.items()
+    }
+
+
+def idempotency_digest(principal: str, key: str) -> str:
+    # Hashed: the key is client-chosen text of any length; scoped so keys never collide across principals.
+    return hashlib.sha256(f"{principal}\0{key}".encode()).hexdigest()
+
+
+def fingerprint(request: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(request, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def new_record(
+    *,
+    job_id: str,
+    owner: str,
+    request: dict[str, Any],
+    webhook_url: str | None,
+    metadata: dict[str, Any] | None,
+    now: float,
+) -> dict[str, str]:
+    fields = {
+        "id": job_id,
+        "owner": owner,
+        "status": "queued",
+        "created_at": repr(now),
+        "updated_at": repr(now),
+        "queued_at": repr(now),
+        "request": json.dumps(request, separators=(",", ":")),
+        "mode": str(request.get("mode", "rag")),
+        "fingerprint": fingerprint({**request, "webhook_url": webhook_url, "metadata": metadata}),
+    }
+    if metadata is not None:
+        fields["metadata"] = json.dumps(metadata, separators=(",", ":"))
+    if webhook_url:
+        fields["webhook_url"] = webhook_url
+        # One id per job's delivery, the same on every attempt: receivers dedupe on it.
+        fields["delivery_id"] = uuid.uuid4().hex
+        fields["delivery_status"] = "pending"
+        fields["delivery_attempts"] = "0"
+    return fields
+
+
+def _final_fields(type_: str, data: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    if type_ == "done":
+        return "done", {"result": json.dumps(data, separators=(",", ":"))}
+    status = "cancelled" if int(data.get("status", 500)) == CANCELLED_STATUS else "failed"
+    return status, {"error": json.dumps(data, separators=(",", ":"))}
+
+
+class JobTracker:
+    """Mirrors one request's events into its job record; used from worker threads."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, job_id: str, *, job_ttl_s: int) -> None:
+        self._client = client
+        self._keys = keys
+        self.job_id = job_id
+        self._key = keys.job(job_id)
+        self._ttl_s = job_ttl_s
+        self._advance = client.register_script(lua("job_advance"))
+        self._finish = client.register_script(lua("job_finish"))
+
+    def _run_advance(self, stage: str, *, needs_mode: str = "", fields: dict[str, str] | None = None) -> str:
+        outcome, _status, _mode = self._advance(
+            keys=[self._key],
+            args=[stage, repr(time.time()), self._ttl_s, needs_mode, *_flat(fields or {})],
+        )
+        return outcome.decode() if isinstance(outcome, bytes) else outcome
+
+    def start(self, stage: str) -> bool:
+        """A task starts ``stage``; False when the job is gone or final (cancelled, say)."""
+        return self._run_advance(stage) not in ("missing", "final")
+
+    def on_sources(self, data: dict[str, Any]) -> None:
+        # Keep the sources for the result; a rag job now waits for (or is in) generation.
+        sources = json.dumps(data.get("sources", []), separators=(",", ":"))
+        self._run_advance("generating", needs_mode="rag", fields={"sources": sources})
+
+    def finish(
+        self, stream_key: str, type_: str, data: dict[str, Any], *, stream_ttl_s: int, maxlen: int
+    ) -> str:
+        """Append the final event and finish the job atomically; ``first`` exactly once per job."""
+        status, fields = _final_fields(type_, data)
+        outcome = self._finish(
+            keys=[self._key, stream_key, self._keys.webhook_schedule],
+            args=[
+                status,
+                repr(time.time()),
+                self._ttl_s,
+                stream_ttl_s,
+                maxlen,
+                type_,
+                json.dumps(data),
+                self.job_id,
+                *_flat(fields),
+            ],
+        )
+        return outcome.decode() if isinstance(outcome, bytes) else outcome
+
+
+def tracker(client: redis.Redis, settings: Settings, job_id: str | None) -> JobTracker | None:
+    """The tracker for a task's ``job_id`` kwarg; None for a plain query."""
+    if not job_id:
+        return None
+    return JobTracker(client, Keys(settings.key_prefix), job_id, job_ttl_s=settings.job_ttl_s)
+
+
+class AsyncJobStore:
+    """The API's side: create (idempotently), read, cancel."""
+
+    def __init__(self, client: aioredis.Redis, settings: Settings) -> None:
+        self._client = client
+        self._settings = settings
+        self._keys = Keys(settings.key_prefix)
+        self._create = client.register_script(lua("job_create"))
+        self._finish = client.register_script(lua("job_finish"))
+
+    async def create(self, record: dict[str, str], *, idempotency: str | None) -> tuple[bool, str]:
+        """Store ``record``; with an idempotency digest, returns (False, existing id) on a replay."""
+        job_id = record["id"]
+        created, found = await self._create(
+            keys=[self._keys.job(job_id), self._keys.idempotency(idempotency or "-")],
+            args=[
+                job_id,
+                self._settings.job_ttl_s,
+                self._settings.idempotency_ttl_s,
+                "1" if idempotency else "0",
+                *_flat(record),
+            ],
+        )
+        return bool(int(created)), found.decode() if isinstance(found, bytes) else found
+
+    async def load(self, job_id: str) -> dict[str, str] | None:
+        raw = await self._client.hgetall(self._keys.job(job_id))
+        return decode(raw) if raw else None
+
+    async def discard(self, job_id: str, *, idempotency: str | None) -> None:
+        """Undo a create whose task could not be enqueued, so a retry with the same key starts afresh."""
+        keys = [self._keys.job(job_id)]
+        if idempotency:
+            keys.append(self._keys.idempotency(idempotency))
+        await self._client.delete(*keys)
+
+    async def forget_idempotency(self, idempotency: str) -> None:
+        await self._client.delete(self._keys.idempotency(idempotency))
+
+    async def cancel(self, job_id: str, message: str = "cancelled") -> str:
+        """Cancel like a worker would finish: error event 499 + final state + webhook, atomically."""
+        data = {"status": CANCELLED_STATUS, "message": message}
+        status, fields = _final_fields("error", data)
+        s = self._settings
+        outcome = await self._finish(
+            keys=[self._keys.job(job_id), self._keys.events(job_id), self._keys.webhook_schedule],
+            args=[
+                status,
+                repr(time.time()),
+                s.job_ttl_s,
+                s.event_stream_ttl_s,
+                s.event_stream_maxlen,
+                "error",
+                json.dumps(data),
+                job_id,
+                *_flat(fields),
+            ],
+        )
+        return outcome.decode() if isinstance(outcome, bytes) else outcome
+
+
+def iso(ts: str | float | None) -> str | None:
+    if ts in (None, ""):
+        return None
+    moment = datetime.fromtimestamp(float(ts), UTC)  # type: ignore[arg-type]
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _json(record: dict[str, str], field: str) -> Any:
+    raw = record.get(field)
+    return json.loads(raw) if raw else None
+
+
+def view(record: dict[str, str], *, delivery: bool = True) -> dict[str, Any]:
+    """A job as JSON: the body of ``GET /v1/jobs/{id}`` and (without delivery state) the webhook's."""
+    status = record.get("status", "queued")
+    result = None
+    if status == "done":
+        done = _json(record, "result") or {}
+        timings = dict(done.get("timings") or {})
+        if record.get("done_at") and record.get("created_at"):
+            timings["total_ms"] = (float(record["done_at"]) - float(record["created_at"])) * 1000
+        result = {
+            "answer": done.get("answer"),
+            "sources": _json(record, "sources") or [],
+            "usage": done.get("usage"),
+            "timings": timings,
+            "degraded": bool(done.get("degraded", False)),
+        }
+    body: dict[str, Any] = {
+        "job_id": record.get("id"),
+        "status": status,
+        "created_at": iso(record.get("created_at")),
+        "updated_at": iso(record.get("updated_at")),
+        "timestamps": {s: iso(record[f"{s}_at"]) for s in STATUSES if record.get(f"{s}_at")},
+        "request": _json(record, "request"),
+        "metadata": _json(record, "metadata"),
+        "webhook_url": record.get("webhook_url"),
+        "result": result,
+        "error": _json(record, "error"),
+    }
+    if delivery:
+        body["webhook"] = delivery_view(record)
+    return body
+
+
+def delivery_view(record: dict[str, str]) -> dict[str, Any] | None:
+    if not record.get("webhook_url"):
+        return None
+    state = record.get("delivery_status", "pending")
+    return {
+        "delivery_id": record.get("delivery_id"),
+        "status": state,
+        "attempts": int(record.get("delivery_attempts") or 0),
+        "next_attempt_at": iso(record.get("delivery_next_at")) if state == "scheduled" else None,
+        "last_attempt": _json(record, "delivery_last"),
+        "delivered_at": iso(record.get("delivered_at")),
+        "dead_lettered_at": iso(record.get("dead_at")),
+    }

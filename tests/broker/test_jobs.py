@@ -1,0 +1,208 @@
+"""Job records on a real Redis: idempotent create, forward-only stages, one final result."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import json
+import time
+import uuid
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from broker import jobs
+from broker.events import EventWriter
+from broker.keys import Keys
+from broker.settings import Settings
+
+PREFIX = "ragline-test-jobs"
+KEYS = Keys(PREFIX)
+
+
+@pytest.fixture
+def cfg(redis_url: str) -> Settings:
+    return Settings(redis_url=redis_url, key_prefix=PREFIX, job_ttl_s=120, event_stream_ttl_s=60)
+
+
+@pytest.fixture
+def client(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url)
+
+
+def _record(job_id: str, *, mode: str = "rag", webhook: str | None = "https://hooks.example.com/x") -> dict:
+    return jobs.new_record(
+        job_id=job_id,
+        owner="alice",
+        request={"query": "q", "top_k": 3, "mode": mode, "index": "test"},
+        webhook_url=webhook,
+        metadata={"ticket": 7},
+        now=time.time(),
+    )
+
+
+def _create(cfg: Settings, record: dict, idempotency: str | None = None) -> tuple[bool, str]:
+    async def run() -> tuple[bool, str]:
+        client = aioredis.Redis.from_url(cfg.redis_url)
+        try:
+            return await jobs.AsyncJobStore(client, cfg).create(record, idempotency=idempotency)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(run())
+
+
+def _cancel(cfg: Settings, job_id: str) -> str:
+    async def run() -> str:
+        client = aioredis.Redis.from_url(cfg.redis_url)
+        try:
+            return await jobs.AsyncJobStore(client, cfg).cancel(job_id)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(run())
+
+
+def _load(client: redis.Redis, job_id: str) -> dict[str, str]:
+    return jobs.decode(client.hgetall(KEYS.job(job_id)))
+
+
+def _writer(client: redis.Redis, cfg: Settings, job_id: str) -> EventWriter:
+    return EventWriter(
+        client, KEYS, job_id, ttl_s=60, maxlen=1000, job=jobs.JobTracker(client, KEYS, job_id, job_ttl_s=120)
+    )
+
+
+def _scheduled(client: redis.Redis) -> list[bytes]:
+    return client.zrange(KEYS.webhook_schedule, 0, -1)
+
+
+@pytest.fixture(autouse=True)
+def _clean_schedule(client: redis.Redis) -> None:
+    client.delete(KEYS.webhook_schedule)
+
+
+def test_create_stores_the_record_with_a_ttl(client: redis.Redis, cfg: Settings) -> None:
+    job_id = uuid.uuid4().hex
+    assert _create(cfg, _record(job_id)) == (True, job_id)
+    rec = _load(client, job_id)
+    assert rec["status"] == "queued" and rec["owner"] == "alice" and rec["mode"] == "rag"
+    assert rec["delivery_status"] == "pending" and len(rec["delivery_id"]) == 32
+    assert 0 < client.ttl(KEYS.job(job_id)) <= 120
+
+
+def test_same_idempotency_key_names_the_same_job(client: redis.Redis, cfg: Settings) -> None:
+    digest = jobs.idempotency_digest("alice", f"key-{uuid.uuid4()}")
+    first, second = uuid.uuid4().hex, uuid.uuid4().hex
+    assert _create(cfg, _record(first), digest) == (True, first)
+    assert _create(cfg, _record(second), digest) == (False, first)
+    assert not client.exists(KEYS.job(second))
+    assert jobs.idempotency_digest("bob", "k") != jobs.idempotency_digest("alice", "k")
+
+
+def test_stages_only_move_forward(client: redis.Redis, cfg: Settings) -> None:
+    job_id = uuid.uuid4().hex
+    _create(cfg, _record(job_id))
+    w = _writer(client, cfg, job_id)
+    assert w.start("retrieving")
+    w.emit("sources", {"sources": [{"chunk_id": "c1", "text": "t"}]})
+    assert _load(client, job_id)["status"] == "generating"
+    # a redelivered retrieval task does not move the job back
+    assert w.start("retrieving")
+    rec = _load(client, job_id)
+    assert rec["status"] == "generating"
+    assert float(rec["retrieving_at"]) <= float(rec["generating_at"])
+
+
+def test_retrieval_mode_never_shows_generating(client: redis.Redis, cfg: Settings) -> None:
+    job_id = uuid.uuid4().hex
+    _create(cfg, _record(job_id, mode="retrieval", webhook=None))
+    w = _writer(client, cfg, job_id)
+    assert w.start("retrieving")
+    w.emit("sources", {"sources": [{"chunk_id": "c1"}]})
+    w.emit("done", {"answer": None, "usage": None, "timings": {"retrieval_ms": 3.0}})
+    rec = _load(client, job_id)
+    assert rec["status"] == "done" and "generating_at" not in rec
+    assert not _scheduled(client)  # no webhook_url, nothing to deliver
+    body = jobs.view(rec)
+    assert body["result"]["sources"] == [{"chunk_id": "c1"}]
+    assert body["result"]["timings"]["total_ms"] > 0
+    assert body["webhook"] is None
+
+
+def test_done_is_written_once_with_its_event_and_one_webhook(client: redis.Redis, cfg: Settings) -> None:
+    job_id = uuid.uuid4().hex
+    _create(cfg, _record(job_id))
+    w = _writer(client, cfg, job_id)
+    w.start("retrieving")
+    w.emit("sources", {"sources": [{"chunk_id": "c1"}]})
+    w.emit("token", {"text": "Hi"})
+    w.emit("done", {"answer": "Hi", "usage": {"prompt_tokens": 5, "completion_tokens": 1}, "timings": {}})
+    assert w.has_final()
+    assert not w.start("generating")  # a redelivered generation task stops here
+    # a duplicate task that got as far as finishing changes nothing
+    w.emit("done", {"answer": "other", "usage": None, "timings": {}})
+    rec = _load(client, job_id)
+    assert json.loads(rec["result"])["answer"] == "Hi"
+    assert _scheduled(client) == [f"{job_id}:1".encode()]
+    assert rec["delivery_status"] == "scheduled"
+    types = [f[b"type"] for _id, f in client.xrange(KEYS.events(job_id))]
+    assert types == [b"sources", b"token", b"done", b"done"]
+
+
+def test_concurrent_finishers_win_exactly_once(client: redis.Redis, cfg: Settings) -> None:
+    job_id = uuid.uuid4().hex
+    _create(cfg, _record(job_id))
+    tracker = jobs.JobTracker(client, KEYS, job_id, job_ttl_s=120)
+
+    def finish(i: int) -> str:
+        data = {"answer": str(i)} if i % 2 else {"status": 500, "message": str(i)}
+        kind = "done" if i % 2 else "error"
+        return tracker.finish(KEYS.events(job_id), kind, data, stream_ttl_s=60, maxlen=100)
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(finish, range(32)))
+    assert outcomes.count("first") == 1 and outcomes.count("late") == 31
+    assert len(_scheduled(client)) == 1
+
+
+def test_cancel_beats_later_transitions(client: redis.Redis, cfg: Settings) -> None:
+    job_id = uuid.uuid4().hex
+    _create(cfg, _record(job_id))
+    w = _writer(client, cfg, job_id)
+    w.start("retrieving")
+    w.emit("sources", {"sources": []})
+    assert _cancel(cfg, job_id) == "first"
+    assert _cancel(cfg, job_id) == "late"
+    w.emit("token", {"text": "x"})
+    w.emit("done", {"answer": "too late", "timings": {}})
+    rec = _load(client, job_id)
+    assert rec["status"] == "cancelled" and "result" not in rec
+    assert json.loads(rec["error"]) == {"status": 499, "message": "cancelled"}
+    assert not w.start("generating")
+    assert _scheduled(client) == [f"{job_id}:1".encode()]  # the webhook reports the cancellation
+    body = jobs.view(rec)
+    assert body["status"] == "cancelled" and body["result"] is None
+    assert set(body["timestamps"]) == {"queued", "retrieving", "generating", "cancelled"}
+
+
+def test_error_event_fails_the_job(client: redis.Redis, cfg: Settings) -> None:
+    job_id = uuid.uuid4().hex
+    _create(cfg, _record(job_id, webhook=None))
+    w = _writer(client, cfg, job_id)
+    w.start("retrieving")
+    w.emit("error", {"status": 404, "message": "unknown index 'x'"})
+    body = jobs.view(_load(client, job_id))
+    assert body["status"] == "failed"
+    assert body["error"] == {"status": 404, "message": "unknown index 'x'"}
+
+
+def test_a_missing_job_stops_its_task(client: redis.Redis, cfg: Settings) -> None:
+    w = _writer(client, cfg, uuid.uuid4().hex)
+    assert not w.start("retrieving")
+
+
+def test_plain_requests_have_no_tracker(cfg: Settings, client: redis.Redis) -> None:
+    assert jobs.tracker(client, cfg, None) is None
+    assert isinstance(jobs.tracker(client, cfg, "abc"), jobs.JobTracker)

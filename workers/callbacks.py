@@ -1,0 +1,185 @@
+"""The callbacks worker: ``celery -A workers.callbacks:app worker -Q callbacks -P threads``.
+
+Delivers the webhooks of finished jobs: a signed POST of the job's final JSON per attempt, and
+a small poller thread that moves due attempts from the Redis schedule onto the ``callbacks``
+queue (retries wait in Redis, not as Celery ETA tasks; see ``broker/webhooks.py``). Light: no
+torch, no models.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+from celery.signals import worker_ready, worker_shutdown
+
+from broker import jobs, webhooks
+from broker.celery_app import create_celery
+from broker.keys import Keys
+from broker.metrics import WEBHOOK_DEAD_LETTERS, WEBHOOK_DELIVERIES
+from broker.queues import CALLBACKS_QUEUE, DELIVER_WEBHOOK_TASK
+from broker.redis_pool import sync_client
+from broker.settings import get_settings
+from broker.ssrf import Target, WebhookRefused, check_url
+from workers import heartbeat
+
+log = logging.getLogger(__name__)
+settings = get_settings()
+keys = Keys(settings.key_prefix)
+app = create_celery(settings)
+heartbeat.install(app, CALLBACKS_QUEUE, settings)
+
+_USER_AGENT = "ragline-webhooks/0.1"
+# A scheduled attempt taken by a poller that dies before enqueueing it is due again after this.
+_SCHEDULE_LEASE_S = 30.0
+
+
+def _store() -> webhooks.DeliveryStore:
+    return webhooks.DeliveryStore(sync_client(settings), settings)
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _request_for(target: Target) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """URL, extra headers and httpx extensions that connect to the address the guard checked,
+    so a DNS answer that changed since the check cannot redirect the delivery."""
+    if target.allowlisted or not target.addresses:
+        return target.url, {}, {}
+    ip = target.addresses[0]
+    url = str(httpx.URL(target.url).copy_with(host=ip))
+    default_port = 443 if target.scheme == "https" else 80
+    host = f"[{target.host}]" if ":" in target.host else target.host
+    headers = {"Host": host if target.port == default_port else f"{host}:{target.port}"}
+    # TLS must still name (and verify the certificate of) the host, not the IP.
+    extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
+    return url, headers, extensions
+
+
+def attempt_delivery(record: dict[str, str], attempt: int) -> tuple[str, dict[str, Any]]:
+    """POST the job's final JSON once; returns (delivered | gone | retry, what happened)."""
+    body = json.dumps(jobs.view(record, delivery=False), separators=(",", ":")).encode()
+    timestamp = str(int(time.time()))
+    secret = webhooks.secret_for(
+        sync_client(settings), keys, record.get("owner", ""), settings.webhook_secret
+    )
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": _USER_AGENT,
+        webhooks.SIGNATURE_HEADER: webhooks.sign(secret, timestamp, body),
+        webhooks.TIMESTAMP_HEADER: timestamp,
+        webhooks.DELIVERY_HEADER: record.get("delivery_id", ""),
+        webhooks.ATTEMPT_HEADER: str(attempt),
+    }
+    last: dict[str, Any] = {"attempt": attempt, "at": _now_iso(), "status_code": None, "error": None}
+    started = time.perf_counter()
+    try:
+        # Checked again at every attempt: the name may resolve elsewhere than at submit time.
+        target = check_url(
+            record["webhook_url"],
+            allowlist=settings.webhook_host_allowlist,
+            timeout_s=settings.webhook_dns_timeout_s,
+        )
+        url, extra_headers, extensions = _request_for(target)
+        with (
+            httpx.Client(
+                timeout=settings.webhook_timeout_s, follow_redirects=False, trust_env=False
+            ) as client,
+            # Only the status matters; the body is never read, however large or slow.
+            client.stream(
+                "POST", url, content=body, headers={**headers, **extra_headers}, extensions=extensions
+            ) as response,
+        ):
+            code = response.status_code
+    except WebhookRefused as exc:
+        last["error"] = f"refused: {exc}"
+        return "retry", last
+    except httpx.HTTPError as exc:
+        last["error"] = f"{type(exc).__name__}: {exc}"
+        return "retry", last
+    finally:
+        last["duration_ms"] = round((time.perf_counter() - started) * 1000, 1)
+    last["status_code"] = code
+    if 200 <= code < 300:
+        return "delivered", last
+    if code == 410:  # the receiver says this endpoint is gone for good: stop
+        return "gone", last
+    return "retry", last
+
+
+@app.task(name=DELIVER_WEBHOOK_TASK)
+def deliver_webhook(*, job_id: str, attempt: int) -> None:
+    store = _store()
+    # The lease outlasts one attempt (DNS + HTTP); past it a redelivered task may take over.
+    lease_s = settings.webhook_dns_timeout_s + 3 * settings.webhook_timeout_s + 5
+    record = store.claim(job_id, attempt, lease_s=lease_s)
+    if record is None:  # a duplicate, or the attempt already concluded
+        return
+    outcome, last = attempt_delivery(record, attempt)
+    next_due = time.time() + webhooks.backoff_s(
+        attempt, base_s=settings.webhook_backoff_base_s, max_s=settings.webhook_backoff_max_s
+    )
+    result = store.record(record, attempt, outcome=outcome, last=last, next_due=next_due)
+    WEBHOOK_DELIVERIES.labels(outcome=result).inc()
+    if result == "dead":
+        WEBHOOK_DEAD_LETTERS.inc()
+        log.warning("webhook for job %s dead-lettered after %d attempts: %s", job_id, attempt, last)
+    else:
+        log.info("webhook for job %s attempt %d: %s (%s)", job_id, attempt, result, last)
+
+
+class SchedulePoller:
+    """Enqueues due delivery attempts; one per worker process (several workers share safely)."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="webhook-schedule", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    def poll_once(self) -> int:
+        store = _store()
+        due = store.take_due(lease_s=_SCHEDULE_LEASE_S)
+        for item in due:
+            app.send_task(
+                DELIVER_WEBHOOK_TASK,
+                kwargs={"job_id": item.job_id, "attempt": item.attempt},
+                queue=CALLBACKS_QUEUE,
+            )
+            # Removed only once it is on the queue: a crash in between re-sends it after the
+            # lease, and the attempt claim turns that duplicate into a no-op.
+            store.done_scheduling(item)
+        return len(due)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll_once()
+            except Exception:
+                log.warning("webhook schedule poll failed", exc_info=True)
+            self._stop.wait(settings.webhook_poll_interval_s)
+
+
+_poller = SchedulePoller()
+
+
+@worker_ready.connect(weak=False)
+def _start_poller(**_: object) -> None:
+    _poller.start()
+
+
+@worker_shutdown.connect(weak=False)
+def _stop_poller(**_: object) -> None:
+    _poller.stop()
