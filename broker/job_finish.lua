@@ -8,15 +8,15 @@
 -- ARGV[8] job id, ARGV[9..] field, value, ... (result or error)
 -- Returns missing | late | first.
 local rank = {queued = 0, retrieving = 1, generating = 2, done = 3, failed = 3, cancelled = 3}
--- Readers stop at the first final event, so appending one after another is harmless.
+local cur = redis.call("HMGET", KEYS[1], "status", "webhook_url")
+-- A late duplicate (a task redelivered while its first copy still ran) adds no second answer.
+if cur[1] and rank[cur[1]] == 3 then
+  return "late"
+end
 redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[5], "*", "type", ARGV[6], "data", ARGV[7])
 redis.call("EXPIRE", KEYS[2], ARGV[4])
-local cur = redis.call("HMGET", KEYS[1], "status", "webhook_url")
 if not cur[1] then
   return "missing"
-end
-if rank[cur[1]] == 3 then
-  return "late"
 end
 local status = ARGV[1]
 redis.call("HSET", KEYS[1], "status", status, "updated_at", ARGV[2], status .. "_at", ARGV[2])

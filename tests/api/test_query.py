@@ -34,7 +34,6 @@ def pushed_queues(redis_url: str) -> Iterator[list[str]]:
     """Record every queue that gets a message pushed, with Redis MONITOR."""
     pushed: list[str] = []
     client = redis.Redis.from_url(redis_url)
-    stop = threading.Event()
     ready = threading.Event()
 
     def watch() -> None:
@@ -44,7 +43,7 @@ def pushed_queues(redis_url: str) -> Iterator[list[str]]:
                 command = cmd["command"]
                 if command.upper().startswith(("LPUSH", "RPUSH")):
                     pushed.append(command.split()[1])
-                if stop.is_set() or "ragline-monitor-stop" in command:
+                if "ragline-monitor-stop" in command:  # the sentinel: everything before it was seen
                     return
 
     thread = threading.Thread(target=watch, daemon=True)
@@ -53,7 +52,6 @@ def pushed_queues(redis_url: str) -> Iterator[list[str]]:
     try:
         yield pushed
     finally:
-        stop.set()
         client.get("ragline-monitor-stop")
         thread.join(5)
 
