@@ -20,6 +20,11 @@ class QueryRequest(BaseModel):
         default=None, description="HNSW search effort for this query (bounded)."
     )
     nprobe: StrictInt | None = Field(default=None, description="IVF lists probed for this query (bounded).")
+    abort_on_disconnect: bool = Field(
+        default=True,
+        description="Streams: stop generating when the client disconnects. Set false to reconnect "
+        "later with Last-Event-ID and find the whole answer.",
+    )
     allow_early_exit: bool = Field(
         default=True,
         description="Let the server answer with the best source, without generating, when it clears "

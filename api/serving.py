@@ -18,6 +18,7 @@ from api.coalescer import Coalescer
 from api.errors import ApiError
 from api.protocol import QueryRequest, QueryResponse, Source, Timings, Usage
 from broker import indexes, metrics
+from broker.cancel import arequest_cancel
 from broker.events import Event, EventTimeout, read_events
 from broker.keys import Keys
 from broker.normalize import query_digest
@@ -59,6 +60,7 @@ class QueryService:
             max_entries=settings.result_cache_max_entries,
             single_flight_ttl_s=settings.single_flight_ttl_s,
         )
+        self._background: set[asyncio.Task[None]] = set()
         # kombu's publish is blocking I/O: keep it off the event loop.
         self._publish_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="publish")
         self._coalescer = Coalescer(
@@ -66,6 +68,14 @@ class QueryService:
             window_s=settings.coalesce_window_ms / 1000,
             max_batch=settings.coalesce_max_batch,
         )
+
+    def cancel_soon(self, request_id: str) -> None:
+        """Flag ``request_id`` cancelled without awaiting (callable from a closing generator)."""
+        task = asyncio.get_running_loop().create_task(
+            arequest_cancel(self._redis, self._keys, request_id, ttl_s=self._settings.cancel_ttl_s)
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def close(self) -> None:
         self._publish_pool.shutdown(wait=False, cancel_futures=True)

@@ -14,7 +14,7 @@ from api.protocol import ErrorBody, QueryRequest, QueryResponse
 from api.serving import QueryService
 from api.sse import frame
 from broker import metrics
-from broker.events import EventTimeout
+from broker.events import FINAL_EVENTS, EventTimeout
 from broker.result_cache import Outcome
 
 router = APIRouter(prefix="/v1", tags=["query"])
@@ -61,9 +61,12 @@ async def _relay(
     *,
     settle: bool = False,
     mode: str = "rag",
+    abort_on_disconnect: bool = False,
 ) -> AsyncIterator[bytes]:
+    finished = False
     try:
         async for event in service.events(request_id, after=after, settle=settle):
+            finished = event.type in FINAL_EVENTS
             data = event.data
             if event.type == "done":
                 metrics.REQUEST_SECONDS.labels("/v1/query/stream", mode).observe(
@@ -74,6 +77,11 @@ async def _relay(
             yield frame(event.type, data, event_id=event.id)
     except EventTimeout:
         yield frame("error", {"status": 504, "message": "no answer in time", "request_id": request_id})
+    finally:
+        if not finished and abort_on_disconnect:
+            # The client went away mid-answer: stop spending the engine on it (the generation
+            # task sees the flag within ~100 ms and aborts the request in the engine).
+            service.cancel_soon(request_id)
 
 
 @router.post("/query/stream", responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}}})
@@ -88,7 +96,15 @@ async def query_stream(body: QueryRequest, request: Request) -> StreamingRespons
         stream = _replay(request_id, found.body)
     else:
         await service.enqueue(request_id, admitted, index_version=found.version)
-        stream = _relay(service, request_id, "0-0", started, settle=True, mode=admitted.mode)
+        stream = _relay(
+            service,
+            request_id,
+            "0-0",
+            started,
+            settle=True,
+            mode=admitted.mode,
+            abort_on_disconnect=body.abort_on_disconnect,
+        )
     return StreamingResponse(
         stream,
         media_type="text/event-stream",

@@ -167,3 +167,31 @@ def test_cache_hit_touches_no_queue(client: httpx.Client, workers, redis_url: st
     assert hit["cached"] is True and hit["request_id"] != first.json()["request_id"]
     assert hit["sources"] == first.json()["sources"]
     assert pushed == []
+
+
+def test_disconnect_aborts_generation_within_a_second(api, workers, redis_url: str) -> None:
+    import time
+
+    from broker.keys import Keys
+
+    client = redis.Redis.from_url(redis_url)
+    body = {"query": "Tell me everything about Café Lumière, its buns, its terrace and its hours."}
+    with (
+        httpx.Client(base_url=api.base, timeout=180) as c,
+        c.stream("POST", "/v1/query/stream", json=body) as r,
+    ):
+        request_id = r.headers["X-Request-Id"]
+        for line in r.iter_lines():
+            if line == "event: token":
+                break
+    # the connection is closed here, mid-answer
+    closed = time.monotonic()
+    key = Keys(workers.settings.key_prefix).events(request_id)
+    while True:
+        last = client.xrevrange(key, count=1)
+        if last and last[0][1][b"type"] in (b"error", b"done"):
+            break
+        assert time.monotonic() - closed < 5, "generation went on after the client left"
+        time.sleep(0.05)
+    assert last[0][1][b"type"] == b"error", last  # aborted, not finished
+    assert time.monotonic() - closed < 1.5
