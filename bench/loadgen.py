@@ -52,7 +52,8 @@ class LoadResult:
         return {"rps": self.rps, "p50_ms": self.p50_ms, "p99_ms": self.p99_ms, "errors": self.errors}
 
 
-def _escape(query: str) -> str:
+def escape_query(query: str) -> str:
+    """The query as the Lua script sends it (no quotes or backslashes to escape in JSON)."""
     return query.replace("\\", " ").replace('"', "'").replace("\n", " ")
 
 
@@ -70,7 +71,7 @@ def run_wrk(
         raise SystemExit("wrk is needed for the benchmarks: apt-get install wrk")
     with tempfile.TemporaryDirectory() as tmp:
         qfile = Path(tmp, "queries.txt")
-        qfile.write_text("\n".join(_escape(q) for q in queries) + "\n")
+        qfile.write_text("\n".join(escape_query(q) for q in queries) + "\n")
         out = Path(tmp, "out.json")
         script = Path(tmp, "load.lua")
         script.write_text(

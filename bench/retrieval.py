@@ -204,6 +204,25 @@ def _rank_metrics(name: str, ids: np.ndarray, relevant: list[set[int]]) -> dict[
     return {f"{name}_recall_at_10": hits / len(relevant), f"{name}_mrr_at_10": rr / len(relevant)}
 
 
+def warm_cache(url: str, queries: list[str]) -> None:
+    """Ask every warm-set query once, then check that each is a cache hit."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bench.loadgen import escape_query
+
+    with httpx.Client(base_url=url, timeout=60) as client, ThreadPoolExecutor(8) as pool:
+
+        def ask(q: str) -> bool:
+            reply = client.post("/v1/query", json={"query": escape_query(q), "mode": "retrieval"})
+            reply.raise_for_status()
+            return bool(reply.json()["cached"])
+
+        list(pool.map(ask, queries))
+        hits = sum(pool.map(ask, queries))
+    if hits != len(queries):
+        raise RuntimeError(f"warm-up left {len(queries) - hits} of {len(queries)} queries uncached")
+
+
 def measure(
     url: str, queries: list[str], *, unique: bool, duration: float, extra: str = ""
 ) -> list[LoadResult]:
@@ -275,7 +294,7 @@ def main() -> int:
             ragline.url, queries, unique=True, duration=args.duration, extra=retrieval_only
         )
         warm_set = queries[:200]
-        run_wrk(ragline.url, warm_set, connections=8, duration_s=3, unique=False, extra_json=retrieval_only)
+        warm_cache(ragline.url, warm_set)
         results["ragline_warm"] = measure(
             ragline.url, warm_set, unique=False, duration=args.duration, extra=retrieval_only
         )
