@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 
 from api import errors
+from api.middleware import RequestContext
 from api.routers import health, jobs, metrics, query
 from api.serving import QueryService
-from broker import metrics as prom
 from broker.celery_app import create_celery
 from broker.redis_pool import async_client
 from broker.settings import Settings, get_settings
@@ -42,28 +40,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     errors.install(app)
 
-    @app.middleware("http")
-    async def request_id_and_size(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        request.state.request_id = uuid.uuid4().hex
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > _MAX_BODY_BYTES:
-            return JSONResponse(
-                {
-                    "error": "too_large",
-                    "message": f"body over {_MAX_BODY_BYTES} bytes",
-                    "request_id": request.state.request_id,
-                },
-                status_code=413,
-            )
-        response = await call_next(request)
-        response.headers.setdefault("X-Request-Id", request.state.request_id)
-        route = request.scope.get("route")
-        # The route's template, not the raw path, keeps the label set bounded.
-        prom.REQUESTS.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
-        return response
-
+    app.add_middleware(RequestContext, max_body_bytes=_MAX_BODY_BYTES)
     app.include_router(query.router)
     app.include_router(jobs.router)
     app.include_router(health.router)

@@ -1,9 +1,13 @@
 """Request coalescing: concurrent queries leave the API as one retrieval task.
 
-A query that arrives while nothing is in flight goes at once (a lone query never pays for
+A query that arrives while no batch is in flight goes at once (a lone query never pays for
 batching). Otherwise queries gather for up to the window, or until the batch is full, and go
-together: the worker then embeds them in one call and searches them in one call, and the Celery
-hop (about 1 ms of CPU on each side) is paid once per batch instead of once per query.
+together: the worker embeds them in one call and searches them in one call, and the Celery hop
+(about 1 ms of CPU on each side) is paid once per batch instead of once per query.
+
+While every retrieval worker is busy with a batch, a closed window does not send a small batch
+to wait in the Redis queue behind it: the queries stay here and go, more of them together, as
+soon as a batch comes back. They would have waited that long in the queue anyway.
 """
 
 from __future__ import annotations
@@ -15,51 +19,90 @@ from typing import Any
 Publish = Callable[[list[dict[str, Any]]], Awaitable[None]]
 
 
+class _Batch:
+    __slots__ = ("done", "request_ids")
+
+    def __init__(self, request_ids: list[str]) -> None:
+        self.request_ids = request_ids
+        self.done = False
+
+
 class Coalescer:
-    def __init__(self, publish: Publish, *, window_s: float, max_batch: int) -> None:
+    def __init__(
+        self,
+        publish: Publish,
+        *,
+        window_s: float,
+        max_batch: int,
+        max_in_flight: Callable[[], int] = lambda: 1,
+    ) -> None:
         self._publish = publish
         self._window_s = window_s
         self._max_batch = max_batch
+        self._max_in_flight = max_in_flight
         self._pending: list[tuple[dict[str, Any], asyncio.Future[None]]] = []
         self._timer: asyncio.TimerHandle | None = None
-        self._in_flight = 0  # queries sent whose retrieval has not answered yet
+        self._window_closed = False
+        self._batches_in_flight = 0
+        self._batch_of: dict[str, _Batch] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
-    def in_flight(self) -> int:
-        return self._in_flight
+    def batches_in_flight(self) -> int:
+        return self._batches_in_flight
 
     async def submit(self, item: dict[str, Any]) -> None:
-        """Returns once the batch holding ``item`` is published; the caller must ``settle()`` it later."""
+        """Returns once the batch holding ``item`` is published; ``settle(request_id)`` must follow."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.append((item, future))
-        if len(self._pending) >= self._max_batch or (self._in_flight == 0 and self._timer is None):
+        if len(self._pending) >= self._max_batch or self._batches_in_flight == 0:
             self._flush()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self._window_s, self._flush)
+        elif self._timer is None and not self._window_closed:
+            self._timer = asyncio.get_running_loop().call_later(self._window_s, self._window_expired)
         await future
 
-    def settle(self) -> None:
-        """A submitted query got its retrieval answer (or gave up waiting)."""
-        self._in_flight = max(0, self._in_flight - 1)
+    def settle(self, request_id: str) -> None:
+        """A submitted query got its retrieval answer (or gave up): its batch is back."""
+        batch = self._batch_of.pop(request_id, None)
+        if batch is None or batch.done:
+            return
+        batch.done = True
+        for other in batch.request_ids:
+            self._batch_of.pop(other, None)
+        self._batches_in_flight -= 1
+        if self._pending and (self._window_closed or self._batches_in_flight == 0):
+            self._flush()
+
+    def _window_expired(self) -> None:
+        self._timer = None
+        if self._batches_in_flight < max(1, self._max_in_flight()):
+            self._flush()
+        else:
+            self._window_closed = True  # sent when a batch comes back
 
     def _flush(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        batch, self._pending = self._pending, []
+        self._window_closed = False
+        batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
         if not batch:
             return
-        self._in_flight += len(batch)
-        task = asyncio.get_running_loop().create_task(self._send(batch))
+        handle = _Batch([item["request_id"] for item, _ in batch])
+        for request_id in handle.request_ids:
+            self._batch_of[request_id] = handle
+        self._batches_in_flight += 1
+        task = asyncio.get_running_loop().create_task(self._send(handle, batch))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if self._pending:  # more than one full batch was waiting
+            self._timer = asyncio.get_running_loop().call_later(self._window_s, self._window_expired)
 
-    async def _send(self, batch: list[tuple[dict[str, Any], asyncio.Future[None]]]) -> None:
+    async def _send(self, handle: _Batch, batch: list[tuple[dict[str, Any], asyncio.Future[None]]]) -> None:
         try:
             await self._publish([item for item, _ in batch])
         except Exception as exc:
-            self._in_flight = max(0, self._in_flight - len(batch))
+            self.settle(handle.request_ids[0])
             for _, future in batch:
                 if not future.done():
                     future.set_exception(exc)

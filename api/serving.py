@@ -4,6 +4,7 @@ and relay the request's events; identical concurrent queries are computed once."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections.abc import AsyncIterator
@@ -17,7 +18,7 @@ from celery import Celery
 from api.coalescer import Coalescer
 from api.errors import ApiError
 from api.protocol import QueryRequest, QueryResponse, Source, Timings, Usage
-from broker import indexes, metrics
+from broker import indexes, liveness, metrics
 from broker.cancel import arequest_cancel
 from broker.events import Event, EventTimeout, read_events
 from broker.keys import Keys
@@ -67,7 +68,28 @@ class QueryService:
             self._publish_batch,
             window_s=settings.coalesce_window_ms / 1000,
             max_batch=settings.coalesce_max_batch,
+            max_in_flight=self._retrieval_workers,
         )
+        self._workers_seen = (1, 0.0)  # (live retrieval workers, when counted)
+
+    def _retrieval_workers(self) -> int:
+        """Live retrieval workers (each takes one batch at a time), recounted about every second."""
+        count, counted_at = self._workers_seen
+        if time.monotonic() - counted_at > 1.0:
+            self._workers_seen = (count, time.monotonic())
+            task = asyncio.get_running_loop().create_task(self._count_workers())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        return count
+
+    async def _count_workers(self) -> None:
+        s = self._settings
+        with contextlib.suppress(Exception):  # keep the last count if Redis is slow
+            async with asyncio.timeout(1.0):
+                counts = await liveness.live_counts(
+                    self._redis, self._keys, (RETRIEVAL_QUEUE,), s.worker_heartbeat_ttl_s
+                )
+            self._workers_seen = (max(1, counts[RETRIEVAL_QUEUE]), time.monotonic())
 
     def cancel_soon(self, request_id: str) -> None:
         """Flag ``request_id`` cancelled without awaiting (callable from a closing generator)."""
@@ -162,7 +184,7 @@ class QueryService:
         try:
             await self._coalescer.submit(item)
             if job_id is not None:
-                self._coalescer.settle()  # nobody here waits for a job's events
+                self._coalescer.settle(request_id)  # nobody here waits for a job's events
         except Exception as exc:
             raise ApiError(
                 503, "unavailable", f"could not enqueue the request: {exc!r}", headers={"Retry-After": "1"}
@@ -179,11 +201,11 @@ class QueryService:
             ):
                 if pending:
                     pending = False
-                    self._coalescer.settle()
+                    self._coalescer.settle(request_id)
                 yield event
         finally:
             if pending:
-                self._coalescer.settle()
+                self._coalescer.settle(request_id)
 
     async def answer(self, request_id: str, req: QueryRequest) -> QueryResponse | bytes:
         """A full response, or the cached response's JSON bytes (spliced with this request's id)."""

@@ -12,10 +12,16 @@ from api.coalescer import Coalescer
 
 class Recorder:
     def __init__(self) -> None:
-        self.batches: list[tuple[float, list[int]]] = []
+        self.batches: list[list[str]] = []
+        self.times: list[float] = []
 
     async def __call__(self, items: list[dict]) -> None:
-        self.batches.append((time.perf_counter(), [i["n"] for i in items]))
+        self.batches.append([i["request_id"] for i in items])
+        self.times.append(time.perf_counter())
+
+
+def _item(n: int) -> dict:
+    return {"request_id": f"r{n}"}
 
 
 def test_lone_query_goes_at_once() -> None:
@@ -23,45 +29,60 @@ def test_lone_query_goes_at_once() -> None:
         rec = Recorder()
         c = Coalescer(rec, window_s=0.5, max_batch=64)
         started = time.perf_counter()
-        await c.submit({"n": 1})
-        return rec.batches[0][0] - started
+        await c.submit(_item(1))
+        return rec.times[0] - started
 
     assert asyncio.run(scenario()) < 0.05
 
 
 def test_concurrent_queries_share_a_batch_and_full_batch_closes_early() -> None:
-    async def scenario() -> list[list[int]]:
+    async def scenario() -> list[list[str]]:
         rec = Recorder()
         c = Coalescer(rec, window_s=10.0, max_batch=4)
-        await c.submit({"n": 0})  # now one is in flight: later ones gather
+        await c.submit(_item(0))  # one batch in flight: later ones gather
         started = time.perf_counter()
-        await asyncio.gather(*(c.submit({"n": n}) for n in range(1, 5)))
+        await asyncio.gather(*(c.submit(_item(n)) for n in range(1, 5)))
         assert time.perf_counter() - started < 1.0  # closed by size, not by the 10 s window
-        return [b for _, b in rec.batches]
+        return rec.batches
 
-    assert asyncio.run(scenario()) == [[0], [1, 2, 3, 4]]
+    assert asyncio.run(scenario()) == [["r0"], ["r1", "r2", "r3", "r4"]]
 
 
-def test_window_bounds_the_wait() -> None:
+def test_window_bounds_the_wait_when_a_worker_is_free() -> None:
     async def scenario() -> float:
         rec = Recorder()
-        c = Coalescer(rec, window_s=0.02, max_batch=64)
-        await c.submit({"n": 0})
+        c = Coalescer(rec, window_s=0.02, max_batch=64, max_in_flight=lambda: 2)
+        await c.submit(_item(0))
         started = time.perf_counter()
-        await c.submit({"n": 1})
+        await c.submit(_item(1))
         return time.perf_counter() - started
 
     assert 0.015 < asyncio.run(scenario()) < 0.2
 
 
-def test_settle_reopens_the_fast_path_and_errors_propagate() -> None:
+def test_busy_workers_hold_the_batch_until_one_comes_back() -> None:
+    async def scenario() -> list[list[str]]:
+        rec = Recorder()
+        c = Coalescer(rec, window_s=0.01, max_batch=64, max_in_flight=lambda: 1)
+        await c.submit(_item(0))
+        waiting = [asyncio.create_task(c.submit(_item(n))) for n in range(1, 4)]
+        await asyncio.sleep(0.05)  # the window closed, but the only worker is busy
+        assert rec.batches == [["r0"]]
+        c.settle("r0")  # its batch came back: the held queries go together
+        await asyncio.gather(*waiting)
+        return rec.batches
+
+    assert asyncio.run(scenario()) == [["r0"], ["r1", "r2", "r3"]]
+
+
+def test_publish_errors_propagate_and_free_the_slot() -> None:
     async def failing(items: list[dict]) -> None:
         raise ConnectionError("broker down")
 
     async def scenario() -> None:
         c = Coalescer(failing, window_s=0.01, max_batch=8)
         with pytest.raises(ConnectionError):
-            await c.submit({"n": 1})
-        assert c.in_flight == 0
+            await c.submit(_item(1))
+        assert c.batches_in_flight == 0
 
     asyncio.run(scenario())

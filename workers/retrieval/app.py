@@ -60,7 +60,9 @@ def _warm_up(**_: object) -> None:
     for info in index_store.current_on_disk(settings.indexes_dir):
         if indexes.lookup(client, keys, info.name) is None:
             indexes.register(client, keys, info)
-    retriever()
+        # Load every current index now, so no first request pays for reading it from disk.
+        retriever().indexes.get(info.name)
+    retriever().embed_warm_up()
 
 
 def _job_writer(request_id: str, job_id: str) -> EventWriter:

@@ -37,8 +37,12 @@ class BatchRetriever:
         self._settings = settings
         self._embedder = embedder
         self._cache = cache
-        self._indexes = indexes
+        self.indexes = indexes
         faiss.cvar.distance_compute_blas_threshold = settings.faiss_blas_threshold
+
+    def embed_warm_up(self) -> None:
+        """The first encode pays for lazy initialisation; pay it before taking work."""
+        self._embedder.encode(["warm up"])
 
     def _knobs(self, request: dict[str, Any]) -> SearchKnobs:
         return SearchKnobs(
@@ -77,7 +81,7 @@ class BatchRetriever:
             groups[(r["index"], r.get("index_version"), self._knobs(r))].append(r)
         for (index_name, version, knobs), group in groups.items():
             try:
-                loaded = self._indexes.get(index_name, version=version)
+                loaded = self.indexes.get(index_name, version=version)
             except UnknownIndex:
                 events += [
                     (r["request_id"], "error", {"status": 404, "message": f"unknown index {index_name!r}"})
