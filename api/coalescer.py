@@ -7,7 +7,9 @@ together: the worker embeds them in one call and searches them in one call, and 
 
 While every retrieval worker is busy with a batch, a closed window does not send a small batch
 to wait in the Redis queue behind it: the queries stay here and go, more of them together, as
-soon as a batch comes back. They would have waited that long in the queue anyway.
+soon as a batch comes back. They would have waited that long in the queue anyway. A hold never
+outlasts ``max_hold_s``: a batch that never reports back (its requests gave up) cannot stall
+the ones behind it.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class Coalescer:
     ) -> None:
         self._publish = publish
         self._window_s = window_s
+        self._max_hold_s = max(0.05, 20 * window_s)
+        self._held_since = 0.0
         self._max_batch = max_batch
         self._max_in_flight = max_in_flight
         self._pending: list[tuple[dict[str, Any], asyncio.Future[None]]] = []
@@ -57,7 +61,7 @@ class Coalescer:
         self._pending.append((item, future))
         if len(self._pending) >= self._max_batch or self._batches_in_flight == 0:
             self._flush()
-        elif self._timer is None and not self._window_closed:
+        elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self._window_s, self._window_expired)
         await future
 
@@ -75,10 +79,16 @@ class Coalescer:
 
     def _window_expired(self) -> None:
         self._timer = None
-        if self._batches_in_flight < max(1, self._max_in_flight()):
+        loop = asyncio.get_running_loop()
+        if not self._window_closed:
+            self._held_since = loop.time()
+        if self._batches_in_flight < max(1, self._max_in_flight()) or (
+            loop.time() - self._held_since >= self._max_hold_s
+        ):
             self._flush()
         else:
-            self._window_closed = True  # sent when a batch comes back
+            self._window_closed = True  # sent when a batch comes back, or when the hold runs out
+            self._timer = loop.call_later(self._window_s, self._window_expired)
 
     def _flush(self) -> None:
         if self._timer is not None:

@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,7 @@ for line in io.lines("%(queries)s") do queries[#queries + 1] = line end
 local unique = %(unique)s
 local extra = '%(extra)s'
 local n = 0
-local tag = tostring(math.random(1, 1e9))
+local tag = '%(tag)s'  -- fresh per run: wrk's own random numbers repeat across runs
 request = function()
   n = n + 1
   local q = queries[(n - 1) %% #queries + 1]
@@ -82,6 +83,7 @@ def run_wrk(
                 "extra": extra_json.replace("'", "\\'"),
                 "path": path,
                 "out": out,
+                "tag": uuid.uuid4().hex[:10],
             }
         )
         cmd = [

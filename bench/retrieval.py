@@ -81,7 +81,9 @@ def _start(cmds: list[list[str]], env: dict[str, str], url: str, probe: dict[str
             server.stop()
             raise RuntimeError(f"a server for {url} exited early: {cmds}")
         try:
-            if httpx.post(url + "/v1/query", json=probe, timeout=10).status_code == 200:
+            # A fresh query each time: a cached answer would say nothing about the workers.
+            fresh = {**probe, "query": f"{probe['query']} {time.time_ns()}"}
+            if httpx.post(url + "/v1/query", json=fresh, timeout=10).status_code == 200:
                 return server
         except httpx.HTTPError:
             pass
@@ -226,6 +228,8 @@ def warm_cache(url: str, queries: list[str]) -> None:
 def measure(
     url: str, queries: list[str], *, unique: bool, duration: float, extra: str = ""
 ) -> list[LoadResult]:
+    # An untimed warm-up first: the first requests to a fresh process pay for lazy initialisation.
+    run_wrk(url, queries, connections=4, duration_s=3, unique=unique, extra_json=extra)
     results = []
     for c in CONCURRENCY:
         results.append(
