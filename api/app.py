@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -10,26 +11,67 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from api import errors
+from api.access import Access, Refusal, rate_headers, refusal_response
+from api.admission import Admission
 from api.routers import health, query
 from api.serving import QueryService
+from broker.backpressure import BackpressureMonitor
 from broker.celery_app import create_celery
+from broker.keys import Keys
+from broker.queues import QUEUES
+from broker.ratelimit import Door, Limits
 from broker.redis_pool import async_client
 from broker.settings import Settings, get_settings
+
+log = logging.getLogger("ragline.api")
 
 _MAX_BODY_BYTES = 64 * 1024
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    keys = Keys(settings.key_prefix)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if not settings.auth_enabled:
+            log.warning(
+                "RAGLINE_AUTH_ENABLED is false: every request is served without an API key. "
+                "For a local demo only; never expose this API."
+            )
         app.state.settings = settings
         app.state.redis = async_client(settings)
-        app.state.query_service = QueryService(settings, app.state.redis, create_celery(settings))
+        app.state.monitor = BackpressureMonitor(
+            app.state.redis,
+            keys,
+            QUEUES,
+            refresh_s=settings.backpressure_refresh_ms / 1000,
+            tau_s=settings.service_rate_tau_s,
+            heartbeat_ttl_s=settings.worker_heartbeat_ttl_s,
+        )
+        app.state.monitor.start()
+        app.state.admission = Admission(settings, app.state.monitor)
+        app.state.access = Access(
+            Door(
+                app.state.redis,
+                keys,
+                Limits(
+                    key_rate=settings.key_rate_per_s,
+                    key_burst=settings.key_burst,
+                    global_rate=settings.global_rate_per_s,
+                    global_burst=settings.global_burst,
+                ),
+                auth=settings.auth_enabled,
+                rate_limit=settings.rate_limit_enabled,
+            )
+        )
+        app.state.query_service = QueryService(
+            settings, app.state.redis, create_celery(settings), app.state.admission
+        )
         try:
             yield
         finally:
+            await app.state.monitor.stop()
             app.state.query_service.close()
             await app.state.redis.aclose()
 
@@ -42,22 +84,31 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
 
     @app.middleware("http")
-    async def request_id_and_size(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        request.state.request_id = uuid.uuid4().hex
+    async def door(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        # In order: request id, body size (413), API key (401), rate limit (429); the route then
+        # validates, looks in the cache and admits. Every response carries X-Request-Id.
+        request_id = uuid.uuid4().hex
+        request.state.request_id = request_id
         length = request.headers.get("content-length")
         if length and length.isdigit() and int(length) > _MAX_BODY_BYTES:
-            return JSONResponse(
-                {
-                    "error": "too_large",
-                    "message": f"body over {_MAX_BODY_BYTES} bytes",
-                    "request_id": request.state.request_id,
-                },
-                status_code=413,
+            return refusal_response(
+                Refusal(413, "too_large", f"body over {_MAX_BODY_BYTES} bytes", {}), request_id
             )
-        response = await call_next(request)
-        response.headers.setdefault("X-Request-Id", request.state.request_id)
+        verdict = await request.app.state.access.check(request)
+        if isinstance(verdict, Refusal):
+            return refusal_response(verdict, request_id)
+        request.state.principal = verdict.principal
+        try:
+            response = await call_next(request)
+        except Exception:
+            log.exception("unhandled error in %s %s", request.method, request.url.path)
+            response = JSONResponse(
+                {"error": "internal", "message": "internal server error", "request_id": request_id},
+                status_code=500,
+            )
+        response.headers.setdefault("X-Request-Id", request_id)
+        for name, value in rate_headers(verdict).items():
+            response.headers.setdefault(name, value)
         return response
 
     app.include_router(query.router)

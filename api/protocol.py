@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 
 class QueryRequest(BaseModel):
@@ -20,6 +20,11 @@ class QueryRequest(BaseModel):
         default=None, description="HNSW search effort for this query (bounded)."
     )
     nprobe: StrictInt | None = Field(default=None, description="IVF lists probed for this query (bounded).")
+    allow_degraded: StrictBool = Field(
+        default=True,
+        description="When generation cannot meet the deadline, answer with the sources only "
+        "(`degraded: true`) instead of 503.",
+    )
 
 
 class Source(BaseModel):
@@ -46,7 +51,13 @@ class QueryResponse(BaseModel):
     request_id: str
     answer: str | None
     sources: list[Source]
-    degraded: bool = False
+    degraded: bool = Field(
+        default=False, description="Generation was too busy for the deadline: sources only, no answer."
+    )
+    degraded_reason: str | None = Field(
+        default=None, description="Why it was degraded: `generation_busy` or `generation_queue_full`."
+    )
+    notice: str | None = Field(default=None, description="A human-readable note about a degraded answer.")
     cached: bool = Field(
         default=False, description="Served from the result cache (timings are the original's)."
     )

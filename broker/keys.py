@@ -30,3 +30,26 @@ class Keys:
     def embedding(self, digest: str) -> str:
         """Level-2 cache: text digest -> float32 embedding bytes."""
         return f"{self.prefix}:emb:{digest}"
+
+    @property
+    def backpressure(self) -> str:
+        """Hash: the shared backpressure snapshot (``<queue>:<field>`` per queue, and ``t``)."""
+        return f"{self.prefix}:bp"
+
+    @property
+    def backpressure_lease(self) -> str:
+        """String with a short TTL: held by the API process that refreshes the snapshot."""
+        return f"{self.prefix}:bp:lease"
+
+    def done(self, queue: str) -> str:
+        """Hash: completions on a queue so far, ``requests`` and ``tasks`` (a retrieval task is a batch)."""
+        return f"{self.prefix}:done:{queue}"
+
+    @property
+    def api_keys(self) -> str:
+        """Hash: SHA-256 of an API key -> JSON {id, name, created_at, revoked, rate, burst}."""
+        return f"{self.prefix}:apikeys"
+
+    def rate_bucket(self, scope: str) -> str:
+        """Hash {tokens, ts}: one token bucket (scope: ``key:<digest>`` or ``global``)."""
+        return f"{self.prefix}:rl:{scope}"

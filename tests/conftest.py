@@ -87,6 +87,8 @@ def settings(redis_url: str, home: Path) -> Settings:
         request_timeout_s=120.0,
         chunk_words=80,
         chunk_overlap_words=10,
+        # The session's API runs without keys; tests/api/test_access.py starts its own with them.
+        auth_enabled=False,
     )
 
 

@@ -1,11 +1,12 @@
-"""Liveness and readiness probes."""
+"""Liveness and readiness probes, and the Prometheus metrics."""
 
 from __future__ import annotations
 
 import asyncio
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from broker import liveness
 from broker.keys import Keys
@@ -39,3 +40,9 @@ async def readyz(request: Request) -> JSONResponse:
     if missing:
         body["reason"] = "no live worker on " + ", ".join(missing)
     return JSONResponse(body, status_code=200 if ready else 503)
+
+
+@router.get("/metrics", include_in_schema=False)
+async def prometheus_metrics() -> Response:
+    """This process's Prometheus registry (counters by reason, queue depth and rate, latency)."""
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

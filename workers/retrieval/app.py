@@ -79,11 +79,21 @@ def retrieve(*, requests: list[dict[str, Any]]) -> None:
             for r in pending
         ]
         emit_many(
-            client, keys, events, ttl_s=settings.event_stream_ttl_s, maxlen=settings.event_stream_maxlen
+            client,
+            keys,
+            events,
+            ttl_s=settings.event_stream_ttl_s,
+            maxlen=settings.event_stream_maxlen,
+            completes=(RETRIEVAL_QUEUE, len(pending)),
         )
         return
     emit_many(
-        client, keys, result.events, ttl_s=settings.event_stream_ttl_s, maxlen=settings.event_stream_maxlen
+        client,
+        keys,
+        result.events,
+        ttl_s=settings.event_stream_ttl_s,
+        maxlen=settings.event_stream_maxlen,
+        completes=(RETRIEVAL_QUEUE, len(pending)),
     )
     for r in result.to_generate:
         app.send_task(

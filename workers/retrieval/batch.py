@@ -98,9 +98,9 @@ class BatchRetriever:
                     (r["request_id"], "sources", {"sources": sources, "index_version": loaded.info.version})
                 )
                 if r["mode"] == "retrieval":
-                    events.append(
-                        (r["request_id"], "done", {"answer": None, "usage": None, "timings": timings})
-                    )
+                    # A request the API degraded to retrieval-only says so in its `done` event.
+                    done = {"answer": None, "usage": None, "timings": timings, **r.get("degraded", {})}
+                    events.append((r["request_id"], "done", done))
                 else:
                     to_generate.append({**r, "sources": sources, "timings": timings})
         return Retrieved(events, to_generate)
