@@ -114,8 +114,9 @@ def _keys(args: argparse.Namespace, settings: Settings) -> int:
         key, record = apikeys.create(client, keys, args.name, rate=args.rate, burst=args.burst)
         rate = f"{record.rate:g}/s" if record.rate is not None else f"{settings.key_rate_per_s:g}/s (default)"
         burst = record.burst if record.burst is not None else f"{settings.key_burst} (default)"
-        print(f"created {record.id} ({record.name}): rate {rate}, burst {burst}")
-        print("the key (shown once; store it now):", file=sys.stderr)
+        # Only the key goes to stdout, so `KEY=$(ragline keys create --name x)` captures just it.
+        print(f"created {record.id} ({record.name}): rate {rate}, burst {burst}", file=sys.stderr)
+        print("the key follows; it is shown once, store it now:", file=sys.stderr)
         print(key)
         return 0
     if args.keys_command == "list":

@@ -228,9 +228,9 @@ def test_keys_cli_create_list_revoke(settings: Settings, redis_url: str) -> None
 
     created = ragline("create", "--name", "ci bot", "--rate", "2.5", "--burst", "9")
     assert created.returncode == 0, created.stderr
-    key = created.stdout.strip().splitlines()[-1]
-    key_id = re.search(r"created (key_[0-9a-f]+)", created.stdout).group(1)  # type: ignore[union-attr]
-    assert key.startswith("rl_") and "rate 2.5/s, burst 9" in created.stdout
+    key = created.stdout.strip()  # stdout is the key alone: KEY=$(ragline keys create ...)
+    key_id = re.search(r"created (key_[0-9a-f]+)", created.stderr).group(1)  # type: ignore[union-attr]
+    assert key.startswith("rl_") and "rate 2.5/s, burst 9" in created.stderr
 
     listed = ragline("list")
     assert listed.returncode == 0 and key_id in listed.stdout and "ci bot" in listed.stdout
