@@ -259,7 +259,7 @@ def find_capacity(
     """The highest rate whose P99 meets the SLO: ×1.4 until one fails (×0.7 while the first ones do)."""
     ladder: list[tuple[float, float, int]] = []
     rate, best, offset = start, 0.0, 0
-    for _ in range(10):
+    for _ in range(7):
         samples = open_loop(
             url,
             rate=rate,
@@ -318,14 +318,19 @@ def plot(runs: list[RunStats], unloaded_p99: float, slo_s: float, out: Path) -> 
     return path
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # so the finally clause stops every child
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _interrupt)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of overload per run")
     parser.add_argument("--factor", type=float, default=4.0, help="offered load, × capacity")
     parser.add_argument("--step", type=float, default=15.0, help="seconds per capacity step")
-    parser.add_argument("--unloaded", type=int, default=20, help="sequential requests for the unloaded P99")
+    parser.add_argument("--unloaded", type=int, default=15, help="sequential requests for the unloaded P99")
     parser.add_argument("--deadline-factor", type=float, default=1.5, help="deadline, × unloaded P99")
     parser.add_argument("--nice-generation", type=int, default=10)
     parser.add_argument("--compiled", action="store_true", help="torch.compile the engine (slower start)")
@@ -378,7 +383,7 @@ def main() -> int:
         )
 
         capacity, ladder = find_capacity(
-            url, probe, Bodies("cap"), settings, start=1 / unloaded_p50, slo_s=slo_s, step_s=args.step
+            url, probe, Bodies("cap"), settings, start=1.5 / unloaded_p50, slo_s=slo_s, step_s=args.step
         )
         if not capacity:
             raise SystemExit("no rate met the SLO; capacity not found")
