@@ -203,7 +203,7 @@ def test_every_response_carries_a_request_id(auth_apis: list[Api], workers, sett
         httpx.post(base + "/v1/query", json={"query": "x", "index": "none"}, headers=limited),  # 429
         httpx.post(
             base + "/v1/query",
-            json={"query": "How long may I borrow library books?", "mode": "retrieval"},
+            json={"query": f"Which day is the library closed? ({uuid.uuid4().hex[:6]})", "mode": "retrieval"},
             headers=headers,
             timeout=60,
         ),
