@@ -2,33 +2,75 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
 from api import errors
+from api.access import Access
+from api.admission import Admission
 from api.middleware import RequestContext
 from api.routers import health, jobs, metrics, query
 from api.serving import QueryService
+from broker.backpressure import BackpressureMonitor
 from broker.celery_app import create_celery
+from broker.keys import Keys
+from broker.queues import QUEUES
+from broker.ratelimit import Door, Limits
 from broker.redis_pool import async_client
 from broker.settings import Settings, get_settings
+
+log = logging.getLogger("ragline.api")
 
 _MAX_BODY_BYTES = 64 * 1024
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    keys = Keys(settings.key_prefix)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if not settings.auth_enabled:
+            log.warning(
+                "RAGLINE_AUTH_ENABLED is false: every request is served without an API key. "
+                "For a local demo only; never expose this API."
+            )
         app.state.settings = settings
         app.state.redis = async_client(settings)
-        app.state.query_service = QueryService(settings, app.state.redis, create_celery(settings))
+        app.state.monitor = BackpressureMonitor(
+            app.state.redis,
+            keys,
+            QUEUES,
+            refresh_s=settings.backpressure_refresh_ms / 1000,
+            tau_s=settings.service_rate_tau_s,
+            heartbeat_ttl_s=settings.worker_heartbeat_ttl_s,
+        )
+        app.state.monitor.start()
+        app.state.admission = Admission(settings, app.state.monitor)
+        app.state.access = Access(
+            Door(
+                app.state.redis,
+                keys,
+                Limits(
+                    key_rate=settings.key_rate_per_s,
+                    key_burst=settings.key_burst,
+                    global_rate=settings.global_rate_per_s,
+                    global_burst=settings.global_burst,
+                ),
+                auth=settings.auth_enabled,
+                rate_limit=settings.rate_limit_enabled,
+            )
+        )
+        app.state.query_service = QueryService(
+            settings, app.state.redis, create_celery(settings), app.state.admission
+        )
         try:
             yield
         finally:
+            await app.state.monitor.stop()
             app.state.query_service.close()
             await app.state.redis.aclose()
 

@@ -1,16 +1,24 @@
-"""Per-request context as plain ASGI middleware: a request id on every response, a body-size
-bound, and the request counter. (Starlette's ``@app.middleware("http")`` wraps each response in
-extra tasks and streams; on the cache-hit path that overhead was larger than the work itself.)"""
+"""The door, as plain ASGI middleware. In order: a request id (on every response), the body-size
+bound (413), the API key (401) and rate limits (429), none of which touches a queue; then the
+request counter and the rate-limit headers on the way out. (Starlette's ``@app.middleware``
+wraps each response in extra tasks and streams; on the cache-hit path that overhead was larger
+than the work itself.)"""
 
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from typing import Any
 
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.access import Refusal, rate_headers, refusal_response
 from broker import metrics
+
+log = logging.getLogger(__name__)
 
 
 class RequestContext:
@@ -29,20 +37,36 @@ class RequestContext:
             if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
                 await self._too_large(send, request_id, id_header)
                 return
+        verdict = await scope["app"].state.access.check(Request(scope))
+        if isinstance(verdict, Refusal):
+            await refusal_response(verdict, request_id)(scope, receive, send)
+            metrics.REQUESTS.labels("refused", str(verdict.status)).inc()
+            return
+        scope["state"]["principal"] = verdict.principal
+        extra = [(b"x-request-id", request_id.encode())]
+        extra += [(k.lower().encode(), v.encode()) for k, v in rate_headers(verdict).items()]
         status = 500
+        started = False
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            nonlocal status, started
             if message["type"] == "http.response.start":
+                started = True
                 status = message["status"]
                 headers = list(message.get("headers", ()))
-                if not any(name.lower() == b"x-request-id" for name, _ in headers):
-                    headers.append(id_header)
+                present = {name.lower() for name, _ in headers}
+                headers += [(name, value) for name, value in extra if name not in present]
                 message["headers"] = headers
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
+        except Exception:
+            log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
+            if started:
+                raise
+            body = {"error": "internal", "message": "internal server error", "request_id": request_id}
+            await JSONResponse(body, status_code=500)(scope, receive, send_with_id)
         finally:
             route: Any = scope.get("route")
             # The route's template, not the raw path, keeps the label set bounded.

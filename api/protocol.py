@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 
 class QueryRequest(BaseModel):
@@ -29,6 +29,11 @@ class QueryRequest(BaseModel):
         default=True,
         description="Let the server answer with the best source, without generating, when it clears "
         "RAGLINE_EARLY_EXIT_SCORE (off unless that is set).",
+    )
+    allow_degraded: StrictBool = Field(
+        default=True,
+        description="When generation cannot meet the deadline, answer with the sources only "
+        "(`degraded: true`) instead of 503.",
     )
 
 
@@ -56,7 +61,13 @@ class QueryResponse(BaseModel):
     request_id: str
     answer: str | None
     sources: list[Source]
-    degraded: bool = False
+    degraded: bool = Field(
+        default=False, description="Generation was too busy for the deadline: sources only, no answer."
+    )
+    degraded_reason: str | None = Field(
+        default=None, description="Why it was degraded: `generation_busy` or `generation_queue_full`."
+    )
+    notice: str | None = Field(default=None, description="A human-readable note about a degraded answer.")
     cached: bool = Field(
         default=False, description="Served from the result cache (timings are the original's)."
     )

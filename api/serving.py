@@ -1,5 +1,5 @@
-"""Query serving: validate, answer from the result cache, or coalesce into retrieval batches
-and relay the request's events; identical concurrent queries are computed once."""
+"""Query serving: validate, answer from the result cache, admit (or degrade, or refuse), coalesce
+into retrieval batches and relay the request's events; identical concurrent queries are computed once."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ import re
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import redis.asyncio as aioredis
 from celery import Celery
 
+from api.admission import Action, Admission, Decision
 from api.coalescer import Coalescer
 from api.errors import ApiError
 from api.protocol import QueryRequest, QueryResponse, Source, Timings, Usage
@@ -48,9 +49,35 @@ def _bounded(name: str, value: int | None, upper: int) -> int | None:
     return value
 
 
+@dataclass(frozen=True, slots=True)
+class StreamPlan:
+    """What a stream request got: a cached answer's JSON, or an enqueued request; maybe degraded."""
+
+    cached: bytes | None = None
+    degraded: Decision | None = None
+
+
+def degraded_fields(decision: Decision | None) -> dict[str, Any]:
+    """The fields a degraded answer carries (in the JSON response and the stream's ``done``)."""
+    if decision is None or not decision.degraded:
+        return {}
+    return {"degraded": True, "degraded_reason": decision.reason, "notice": decision.message}
+
+
+def _overloaded(decision: Decision) -> ApiError:
+    return ApiError(503, "overloaded", decision.message, headers={"Retry-After": str(decision.retry_after_s)})
+
+
 class QueryService:
-    def __init__(self, settings: Settings, redis: aioredis.Redis, celery: Celery) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        redis: aioredis.Redis,
+        celery: Celery,
+        admission: Admission | None = None,
+    ) -> None:
         self._settings = settings
+        self._admission = admission or Admission(settings, None)
         self._redis = redis
         self._celery = celery
         self._keys = Keys(settings.key_prefix)
@@ -165,9 +192,15 @@ class QueryService:
         return info.version
 
     async def enqueue(
-        self, request_id: str, a: Admitted, *, index_version: str, job_id: str | None = None
+        self,
+        request_id: str,
+        a: Admitted,
+        *,
+        index_version: str,
+        job_id: str | None = None,
+        degraded: Decision | None = None,
     ) -> None:
-        item = {
+        item: dict[str, Any] = {
             "request_id": request_id,
             "query": a.query,
             "top_k": a.top_k,
@@ -181,6 +214,9 @@ class QueryService:
         }
         if job_id is not None:
             item["job_id"] = job_id  # an async job: the tasks mirror their events into its record
+        if degraded is not None:
+            # The worker copies these into the stream's `done`, so an SSE resume sees them too.
+            item["degraded"] = degraded_fields(degraded)
         try:
             await self._coalescer.submit(item)
             if job_id is not None:
@@ -189,6 +225,7 @@ class QueryService:
             raise ApiError(
                 503, "unavailable", f"could not enqueue the request: {exc!r}", headers={"Retry-After": "1"}
             ) from exc
+        self._admission.admitted(a.mode)
 
     async def events(
         self, request_id: str, *, after: str = "0-0", settle: bool = False
@@ -207,17 +244,44 @@ class QueryService:
             if pending:
                 self._coalescer.settle(request_id)
 
-    async def answer(self, request_id: str, req: QueryRequest) -> QueryResponse | bytes:
-        """A full response, or the cached response's JSON bytes (spliced with this request's id)."""
+    def _decide(self, a: Admitted, req: QueryRequest, deadline_s: float | None) -> Decision:
+        deadline = self._admission.deadline_s(None) if deadline_s is None else deadline_s
+        return self._admission.decide(a.mode, allow_degraded=req.allow_degraded, deadline_s=deadline)
+
+    async def answer(
+        self, request_id: str, req: QueryRequest, *, deadline_s: float | None = None
+    ) -> QueryResponse | bytes:
+        """A full response, or the cached response's JSON bytes (spliced with this request's id).
+
+        The admission decision is taken first only because it is free (this process's snapshot);
+        it is applied after the cache: a hit is served whatever the load, since it touches no queue.
+        """
         started = time.perf_counter()
         a = self.admit(req)
+        decision = self._decide(a, req, deadline_s)
+        if decision.action is Action.ADMIT:
+            return await self._serve(request_id, a, started)
+        # Overloaded: look the answer up without claiming its computation (single flight).
+        found, _key = await self.lookup(a, request_id, single_flight=False)
+        if found.outcome is Outcome.HIT:
+            return _splice(request_id, found.body)
+        if decision.action is Action.REJECT:
+            raise _overloaded(decision)
+        return await self._serve(request_id, replace(a, mode="retrieval"), started, degraded=decision)
+
+    async def _serve(
+        self, request_id: str, a: Admitted, started: float, *, degraded: Decision | None = None
+    ) -> QueryResponse | bytes:
         found, key = await self.lookup(a, request_id, single_flight=True)
         if found.outcome is Outcome.HIT:
-            return b'{"request_id":"' + request_id.encode() + b'",' + found.body[1:]
+            if degraded is None:
+                return _splice(request_id, found.body)
+            hit = QueryResponse.model_validate_json(_splice(request_id, found.body))
+            return hit.model_copy(update=degraded_fields(degraded))
         source_id = found.leader if found.outcome is Outcome.FOLLOW else request_id
         leading = found.outcome is Outcome.LEAD
         if found.outcome is not Outcome.FOLLOW:
-            await self.enqueue(request_id, a, index_version=found.version)
+            await self.enqueue(request_id, a, index_version=found.version, degraded=degraded)
         try:
             response, version = await self._collect(
                 request_id, source_id, started, settle=source_id == request_id
@@ -231,13 +295,40 @@ class QueryService:
             if leading:
                 await self._cache.release(key, request_id)
         elif leading or found.outcome is Outcome.MISS:
+            # Stored as a plain answer of its mode: a degraded request was a retrieval request.
             cached = response.model_copy(update={"cached": True})
             await self._cache.store(
                 key,
                 cached.model_dump_json(exclude={"request_id"}).encode(),
                 leader=request_id if leading else "",
             )
+        if degraded is not None:
+            return response.model_copy(update=degraded_fields(degraded))
         return response
+
+    async def plan_stream(
+        self, request_id: str, req: QueryRequest, *, deadline_s: float | None = None
+    ) -> StreamPlan:
+        """Admit a stream request: a cached answer to replay, or enqueue it (raises 503 when refused).
+
+        Streams skip single flight: a client resumes by its own request id, so it needs its own stream.
+        """
+        a = self.admit(req)
+        decision = self._decide(a, req, deadline_s)
+        found, _key = await self.lookup(a, request_id, single_flight=False)
+        if found.outcome is Outcome.HIT:
+            return StreamPlan(cached=found.body)
+        if decision.action is Action.REJECT:
+            raise _overloaded(decision)
+        degraded = None
+        if decision.action is Action.DEGRADE:
+            degraded = decision
+            a = replace(a, mode="retrieval")
+            found, _key = await self.lookup(a, request_id, single_flight=False)
+            if found.outcome is Outcome.HIT:
+                return StreamPlan(cached=found.body, degraded=degraded)
+        await self.enqueue(request_id, a, index_version=found.version, degraded=degraded)
+        return StreamPlan(degraded=degraded)
 
     async def _collect(
         self, request_id: str, source_id: str, started: float, *, settle: bool
@@ -275,3 +366,8 @@ class QueryService:
                 504, "timeout", f"no answer within {self._settings.request_timeout_s:.0f}s"
             ) from exc
         raise ApiError(500, "failed", "the event stream ended without an answer")
+
+
+def _splice(request_id: str, body: bytes) -> bytes:
+    """A cached body (stored without its request id) as this request's JSON response."""
+    return b'{"request_id":"' + request_id.encode() + b'",' + body[1:]

@@ -252,7 +252,15 @@ def main() -> int:
     if not args.docs.exists():
         raise SystemExit(f"{args.docs} not found: apt-get install python3.11-doc")
 
-    settings = Settings(home=args.home, redis_url=args.redis_url, default_index=INDEX, torch_threads=2)
+    # Keys and rate limits off: this measures serving, and wrk sends no key.
+    settings = Settings(
+        home=args.home,
+        redis_url=args.redis_url,
+        default_index=INDEX,
+        torch_threads=2,
+        auth_enabled=False,
+        rate_limit_enabled=False,
+    )
     (args.home / "models").parent.mkdir(parents=True, exist_ok=True)
     ensure_index(settings, args.docs)
     labels = faq_labels(args.docs)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import redis
 import redis.asyncio as aioredis
 
+from broker.backpressure import count_done
 from broker.keys import Keys
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ class EventWriter:
         job: JobTracker | None = None,
     ) -> None:
         self._client = client
+        self._keys = keys
         self._key = keys.events(request_id)
         self._ttl_s = ttl_s
         self._maxlen = maxlen
@@ -62,16 +64,24 @@ class EventWriter:
             return False
         return self._job is None or self._job.start(stage)
 
-    def emit(self, type_: EventType, data: dict[str, Any]) -> None:
+    def emit(self, type_: EventType, data: dict[str, Any], *, completes: str | None = None) -> None:
+        """Append one event; ``completes`` names the queue whose task this event finishes (the
+        backpressure monitor's service rate counts it, in the same round trip)."""
         if self._job is not None:
             if type_ in FINAL_EVENTS:
                 self._job.finish(self._key, type_, data, stream_ttl_s=self._ttl_s, maxlen=self._maxlen)
+                if completes:
+                    pipe = self._client.pipeline(transaction=False)
+                    count_done(pipe, self._keys, completes, 1)
+                    pipe.execute()
                 return
             if type_ == "sources":
                 self._job.on_sources(data)
         pipe = self._client.pipeline(transaction=False)
         pipe.xadd(self._key, {"type": type_, "data": json.dumps(data)}, maxlen=self._maxlen, approximate=True)
         pipe.expire(self._key, self._ttl_s)
+        if completes:
+            count_done(pipe, self._keys, completes, 1)
         pipe.execute()
 
     def has_final(self) -> bool:
@@ -87,13 +97,20 @@ def emit_many(
     *,
     ttl_s: int,
     maxlen: int,
+    completes: tuple[str, int] | None = None,
 ) -> None:
-    """Append events for many requests in one round trip (a retrieval batch answers all at once)."""
+    """Append events for many requests in one round trip (a retrieval batch answers all at once).
+
+    ``completes`` = (queue, requests): the task these events finish, counted for the backpressure
+    monitor's service rate in the same round trip.
+    """
     pipe = client.pipeline(transaction=False)
     for request_id, type_, data in events:
         key = keys.events(request_id)
         pipe.xadd(key, {"type": type_, "data": json.dumps(data)}, maxlen=maxlen, approximate=True)
         pipe.expire(key, ttl_s)
+    if completes:
+        count_done(pipe, keys, *completes)
     pipe.execute()
 
 

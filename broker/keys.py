@@ -56,3 +56,26 @@ class Keys:
     def webhook_dead(self) -> str:
         """List: JSON of each delivery given up after its last attempt, newest first."""
         return f"{self.prefix}:webhooks:dead"
+
+    @property
+    def backpressure(self) -> str:
+        """Hash: the shared backpressure snapshot (``<queue>:<field>`` per queue, and ``t``)."""
+        return f"{self.prefix}:bp"
+
+    @property
+    def backpressure_lease(self) -> str:
+        """String with a short TTL: held by the API process that refreshes the snapshot."""
+        return f"{self.prefix}:bp:lease"
+
+    def done(self, queue: str) -> str:
+        """Hash: completions on a queue so far, ``requests`` and ``tasks`` (a retrieval task is a batch)."""
+        return f"{self.prefix}:done:{queue}"
+
+    @property
+    def api_keys(self) -> str:
+        """Hash: SHA-256 of an API key -> JSON {id, name, created_at, revoked, rate, burst}."""
+        return f"{self.prefix}:apikeys"
+
+    def rate_bucket(self, scope: str) -> str:
+        """Hash {tokens, ts}: one token bucket (scope: ``key:<digest>`` or ``global``)."""
+        return f"{self.prefix}:rl:{scope}"

@@ -153,6 +153,37 @@ class Settings(BaseSettings):
     webhook_dead_letter_max: int = 10_000
     webhook_worker_threads: int = 16
 
+    # -- admission control --------------------------------------------------------------
+    # API keys (``ragline keys create``) are required on every endpoint but the probes, /metrics
+    # and the docs. Off only for a local demo: the API logs a warning at start when it is.
+    auth_enabled: bool = True
+    # Token buckets in Redis, per key and one global: a key's own rate/burst (``ragline keys
+    # create --rate --burst``) overrides the defaults; a rate <= 0 means no bucket.
+    rate_limit_enabled: bool = True
+    key_rate_per_s: float = 20.0
+    key_burst: int = 40
+    global_rate_per_s: float = 2000.0
+    global_burst: int = 4000
+    # Backpressure: admit a request only if the queues' predicted wait (depth / service rate)
+    # meets its deadline; else answer retrieval-only (degraded) or 503 with Retry-After.
+    admission_enabled: bool = True
+    default_deadline_ms: int = 30_000
+    # ``X-Request-Deadline-Ms`` is clamped to these bounds.
+    min_deadline_ms: int = 100
+    max_deadline_ms: int = 180_000
+    # The simpler rule, alongside: a fixed limit on each queue's true depth (0 = none). Depth is
+    # counted in tasks: a retrieval task is one coalesced batch, a generation task one request.
+    max_depth_retrieval: int = 0
+    max_depth_generation: int = 0
+    # The shared snapshot is refreshed at most this often (one elected API process does it).
+    backpressure_refresh_ms: float = 50.0
+    # Time constant of the service-rate EWMA: long enough to smooth a batch finishing at once,
+    # short enough to follow a change of capacity within a few seconds.
+    service_rate_tau_s: float = 5.0
+    # A snapshot older than this (Redis unreachable, say) is ignored: admission then fails open.
+    backpressure_stale_s: float = 2.0
+    retry_after_max_s: int = 60
+
     # -- Flower ---------------------------------------------------------------------------
     flower_port: int = 5555
     flower_user: str = "admin"

@@ -92,6 +92,8 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
             f"(user {settings.flower_user}); Ctrl-C stops everything",
             flush=True,
         )
+        if settings.auth_enabled:
+            print("requests need an API key: ragline keys create --name NAME", flush=True)
         while True:
             stack.check_children()
             time.sleep(1)
@@ -112,6 +114,38 @@ def _ensure_model(settings: Settings) -> None:
     if not is_prepared(settings):
         print("preparing SmolLM2-135M-Instruct (once; about a minute)", flush=True)
         prepare_default_model(settings)
+
+
+def _keys(args: argparse.Namespace, settings: Settings) -> int:
+    from broker import apikeys
+    from broker.keys import Keys
+    from broker.redis_pool import sync_client
+
+    client, keys = sync_client(settings), Keys(settings.key_prefix)
+    if args.keys_command == "create":
+        key, record = apikeys.create(client, keys, args.name, rate=args.rate, burst=args.burst)
+        rate = f"{record.rate:g}/s" if record.rate is not None else f"{settings.key_rate_per_s:g}/s (default)"
+        burst = record.burst if record.burst is not None else f"{settings.key_burst} (default)"
+        # Only the key goes to stdout, so `KEY=$(ragline keys create --name x)` captures just it.
+        print(f"created {record.id} ({record.name}): rate {rate}, burst {burst}", file=sys.stderr)
+        print("the key follows; it is shown once, store it now:", file=sys.stderr)
+        print(key)
+        return 0
+    if args.keys_command == "list":
+        records = apikeys.list_keys(client, keys)
+        print(f"{'id':<17} {'name':<20} {'created (UTC)':<20} {'rate/s':>8} {'burst':>6}  state")
+        for r in records:
+            created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.created_at))
+            rate = f"{r.rate:g}" if r.rate is not None else "default"
+            burst = str(r.burst) if r.burst is not None else "default"
+            state = "revoked" if r.revoked else "active"
+            print(f"{r.id:<17} {r.name[:20]:<20} {created:<20} {rate:>8} {burst:>6}  {state}")
+        return 0
+    if apikeys.revoke(client, keys, args.id):
+        print(f"revoked {args.id}")
+        return 0
+    print(f"no key with id {args.id!r}", file=sys.stderr)
+    return 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,6 +181,17 @@ def build_parser() -> argparse.ArgumentParser:
     dead.set_defaults(func=_webhooks_dead)
 
     sub.add_parser("api", help="serve the HTTP API with uvicorn").set_defaults(func=_api)
+
+    keys_cmd = sub.add_parser("keys", help="create, list or revoke API keys")
+    keys_sub = keys_cmd.add_subparsers(dest="keys_command", required=True)
+    create = keys_sub.add_parser("create", help="create a key and print it (once)")
+    create.add_argument("--name", required=True, help="who or what the key is for")
+    create.add_argument("--rate", type=float, help="tokens per second (default: RAGLINE_KEY_RATE_PER_S)")
+    create.add_argument("--burst", type=int, help="bucket capacity (default: RAGLINE_KEY_BURST)")
+    keys_sub.add_parser("list", help="list keys (never the keys themselves)")
+    revoke = keys_sub.add_parser("revoke", help="revoke a key by its id")
+    revoke.add_argument("id")
+    keys_cmd.set_defaults(func=_keys)
     sub.add_parser("flower", help="run Flower (basic auth from settings)").set_defaults(func=_flower)
 
     up = sub.add_parser("up", help="run the API, the workers and Flower in the foreground")

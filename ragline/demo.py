@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import textwrap
 import time
@@ -11,6 +12,8 @@ import httpx
 
 from broker.settings import Settings
 from ragline.stack import running_stack
+
+log = logging.getLogger("ragline")
 
 DEMO_INDEX = "demo"
 QUESTIONS = (
@@ -32,6 +35,9 @@ def write_demo_corpus(dest: Path) -> int:
 def run_demo(settings: Settings) -> int:
     from workers.retrieval.ingest import ingest
 
+    # The demo's API runs without API keys, on 127.0.0.1, for the length of the demo.
+    log.warning("the demo runs its API without API keys (RAGLINE_AUTH_ENABLED=false)")
+    settings = settings.model_copy(update={"auth_enabled": False})
     with running_stack(settings, flower=True) as stack:
         with tempfile.TemporaryDirectory(prefix="ragline-demo-") as tmp:
             n = write_demo_corpus(Path(tmp))

@@ -71,6 +71,8 @@ def child_env(settings: Settings, *, kind: str) -> dict[str, str]:
     env = dict(os.environ)
     env["RAGLINE_REDIS_URL"] = settings.redis_url
     env["RAGLINE_HOME"] = str(settings.home)
+    # `ragline demo` turns keys off for its own children only (the API warns when they are off).
+    env["RAGLINE_AUTH_ENABLED"] = str(settings.auth_enabled).lower()
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if kind == "flower":

@@ -95,6 +95,8 @@ def settings(redis_url: str, home: Path) -> Settings:
         webhook_max_attempts=4,
         webhook_poll_interval_s=0.1,
         webhook_worker_threads=4,
+        # The session's API runs without keys; tests/api/test_access.py starts its own with them.
+        auth_enabled=False,
     )
 
 
@@ -244,25 +246,57 @@ class Api:
     proc: Proc
 
 
-@pytest.fixture(scope="session")
-def api(settings: Settings, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
+def start_api(settings: Settings, log: Path) -> Api:
+    """An API process on a free port, once /healthz answers."""
     port = _free_port()
     env = env_for(settings.model_copy(update={"api_port": port}))
-    proc = Proc("api", _ragline("api"), env, tmp_path_factory.mktemp("api-logs") / "api.log")
+    proc = Proc("api", _ragline("api"), env, log)
     proc.start()
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
             if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                break
+                return Api(base, proc)
         except httpx.HTTPError:
             time.sleep(0.2)
-    else:
-        proc.stop()
-        pytest.fail("API did not start:\n" + proc.tail())
-    yield Api(base, proc)
     proc.stop()
+    pytest.fail("API did not start:\n" + proc.tail())
+
+
+@pytest.fixture(scope="session")
+def api(settings: Settings, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
+    started = start_api(settings, tmp_path_factory.mktemp("api-logs") / "api.log")
+    yield started
+    started.proc.stop()
+
+
+# Depth limits for the keyed APIs: far above what their tests reach by themselves, so a test can
+# push a queue over them by planting this many entries in kombu's unacked hash.
+AUTH_API_DEPTH_LIMIT = 20
+
+
+@pytest.fixture(scope="session")
+def auth_apis(
+    settings: Settings, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[Api]]:
+    """Two API processes with API keys required, on the session's Redis (limits shared there)."""
+    keyed = settings.model_copy(
+        update={
+            "auth_enabled": True,
+            "max_depth_retrieval": AUTH_API_DEPTH_LIMIT,
+            "max_depth_generation": AUTH_API_DEPTH_LIMIT,
+        }
+    )
+    logs = tmp_path_factory.mktemp("auth-api-logs")
+    apis: list[Api] = []
+    try:
+        for i in range(2):
+            apis.append(start_api(keyed, logs / f"api-{i}.log"))
+        yield apis
+    finally:
+        for started in apis:
+            started.proc.stop()
 
 
 @pytest.fixture

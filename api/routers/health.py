@@ -1,4 +1,4 @@
-"""Liveness and readiness probes."""
+"""Liveness and readiness probes, and the Prometheus metrics."""
 
 from __future__ import annotations
 

@@ -9,20 +9,22 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import Response, StreamingResponse
 
+from api.admission import Decision
 from api.errors import ApiError
 from api.protocol import ErrorBody, QueryRequest, QueryResponse
-from api.serving import QueryService
+from api.serving import QueryService, degraded_fields
 from api.sse import frame
 from broker import metrics
 from broker.events import FINAL_EVENTS, EventTimeout
-from broker.result_cache import Outcome
 
 router = APIRouter(prefix="/v1", tags=["query"])
 
 _ERRORS = {
     400: {"model": ErrorBody},
+    401: {"model": ErrorBody},
     404: {"model": ErrorBody},
     422: {"model": ErrorBody},
+    429: {"model": ErrorBody},
     503: {"model": ErrorBody},
     504: {"model": ErrorBody},
 }
@@ -33,24 +35,42 @@ def _service(request: Request) -> QueryService:
     return request.app.state.query_service
 
 
+def _deadline_s(request: Request, header_ms: int | None) -> float:
+    return request.app.state.admission.deadline_s(header_ms)
+
+
+_DEADLINE = Header(
+    default=None,
+    alias="X-Request-Deadline-Ms",
+    ge=1,
+    description="This request's deadline in ms (clamped to the server's bounds); the server "
+    "degrades or refuses work it predicts cannot finish in time.",
+)
+
+
 @router.post("/query", response_model=QueryResponse, responses=_ERRORS)
-async def query(body: QueryRequest, request: Request) -> QueryResponse | Response:
+async def query(
+    body: QueryRequest, request: Request, deadline_ms: int | None = _DEADLINE
+) -> QueryResponse | Response:
     started = time.perf_counter()
-    answer = await _service(request).answer(request.state.request_id, body)
+    answer = await _service(request).answer(
+        request.state.request_id, body, deadline_s=_deadline_s(request, deadline_ms)
+    )
     metrics.REQUEST_SECONDS.labels("/v1/query", body.mode).observe(time.perf_counter() - started)
     if isinstance(answer, bytes):  # a cache hit, already JSON
         return Response(content=answer, media_type="application/json")
     return answer
 
 
-async def _replay(request_id: str, cached: bytes) -> AsyncIterator[bytes]:
+async def _replay(request_id: str, cached: bytes, degraded: Decision | None = None) -> AsyncIterator[bytes]:
     """A cached answer as a stream: its sources, the whole answer as one token, done."""
     body = json.loads(cached)
     yield frame("sources", {"sources": body["sources"]}, event_id="0-1")
     if body.get("answer"):
         yield frame("token", {"text": body["answer"]}, event_id="0-2")
     done = {k: body.get(k) for k in ("answer", "usage", "timings")}
-    yield frame("done", {**done, "request_id": request_id, "cached": True}, event_id="0-3")
+    done = {**done, "request_id": request_id, "cached": True, **degraded_fields(degraded)}
+    yield frame("done", done, event_id="0-3")
 
 
 async def _relay(
@@ -60,6 +80,7 @@ async def _relay(
     started: float,
     *,
     settle: bool = False,
+    degraded: Decision | None = None,
     mode: str = "rag",
     abort_on_disconnect: bool = False,
 ) -> AsyncIterator[bytes]:
@@ -73,7 +94,7 @@ async def _relay(
                     time.perf_counter() - started
                 )
                 timings = {**data.get("timings", {}), "total_ms": (time.perf_counter() - started) * 1000}
-                data = {**data, "request_id": request_id, "timings": timings}
+                data = {**data, "request_id": request_id, "timings": timings, **degraded_fields(degraded)}
             yield frame(event.type, data, event_id=event.id)
     except EventTimeout:
         yield frame("error", {"status": 504, "message": "no answer in time", "request_id": request_id})
@@ -85,24 +106,24 @@ async def _relay(
 
 
 @router.post("/query/stream", responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}}})
-async def query_stream(body: QueryRequest, request: Request) -> StreamingResponse:
+async def query_stream(
+    body: QueryRequest, request: Request, deadline_ms: int | None = _DEADLINE
+) -> StreamingResponse:
     service = _service(request)
     request_id = request.state.request_id
     started = time.perf_counter()
-    admitted = service.admit(body)
-    # Streams skip single flight: a client resumes by its own request id, so it needs its own stream.
-    found, _key = await service.lookup(admitted, request_id, single_flight=False)
-    if found.outcome is Outcome.HIT:
-        stream = _replay(request_id, found.body)
+    plan = await service.plan_stream(request_id, body, deadline_s=_deadline_s(request, deadline_ms))
+    if plan.cached is not None:
+        stream = _replay(request_id, plan.cached, plan.degraded)
     else:
-        await service.enqueue(request_id, admitted, index_version=found.version)
         stream = _relay(
             service,
             request_id,
             "0-0",
             started,
             settle=True,
-            mode=admitted.mode,
+            degraded=plan.degraded,
+            mode=body.mode,
             abort_on_disconnect=body.abort_on_disconnect,
         )
     return StreamingResponse(

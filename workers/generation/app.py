@@ -116,11 +116,13 @@ def generate(
         log.warning("engine unavailable for %s, requeueing: %s", request_id, exc)
         raise Reject(str(exc), requeue=True) from exc
     except GenerationTimeout as exc:
-        writer.emit("error", {"status": 504, "message": str(exc)})
+        writer.emit("error", {"status": 504, "message": str(exc)}, completes=GENERATION_QUEUE)
         return
     except Exception as exc:
         log.exception("generation failed for %s", request_id)
-        writer.emit("error", {"status": 500, "message": f"generation failed: {exc}"})
+        writer.emit(
+            "error", {"status": 500, "message": f"generation failed: {exc}"}, completes=GENERATION_QUEUE
+        )
         return
     timings["generation_ms"] = (time.perf_counter() - started) * 1000
     metrics.GENERATION_SECONDS.observe(timings["generation_ms"] / 1000)
@@ -134,4 +136,5 @@ def generate(
             "sources_dropped": prompt.sources_dropped,
             "timings": timings,
         },
+        completes=GENERATION_QUEUE,
     )

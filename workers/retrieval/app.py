@@ -108,7 +108,15 @@ def retrieve(*, requests: list[dict[str, Any]]) -> None:
         result_events, to_generate = result.events, result.to_generate
     # Job events go through their writer, which finishes the job atomically with its final event.
     plain = [e for e in result_events if e[0] not in writers]
-    emit_many(client, keys, plain, ttl_s=settings.event_stream_ttl_s, maxlen=settings.event_stream_maxlen)
+    # The monitor's service rate counts the whole batch as completed retrievals.
+    emit_many(
+        client,
+        keys,
+        plain,
+        ttl_s=settings.event_stream_ttl_s,
+        maxlen=settings.event_stream_maxlen,
+        completes=(RETRIEVAL_QUEUE, len(pending)),
+    )
     for request_id, kind, data in result_events:
         if request_id in writers:
             writers[request_id].emit(kind, data)

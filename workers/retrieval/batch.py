@@ -113,9 +113,8 @@ class BatchRetriever:
                     (r["request_id"], "sources", {"sources": sources, "index_version": loaded.info.version})
                 )
                 if r["mode"] == "retrieval":
-                    events.append(
-                        (r["request_id"], "done", {"answer": None, "usage": None, "timings": timings})
-                    )
+                    # A request the API degraded to retrieval-only says so in its `done` event.
+                    done = {"answer": None, "usage": None, "timings": timings, **r.get("degraded", {})}
                 elif self._early_exit(r, sources):
                     done = {
                         "answer": sources[0]["text"],

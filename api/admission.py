@@ -1,0 +1,124 @@
+"""Deadline-aware admission: admit, degrade to retrieval-only, or refuse with 503 + Retry-After.
+
+Called after the result cache missed and before anything is enqueued. It reads this process's
+copy of the backpressure snapshot (no I/O): a RAG request needs retrieval's and generation's
+predicted waits to fit its deadline; if only retrieval fits, the request is answered with its
+sources alone (when it allows that); if retrieval does not fit either, it is refused with a
+Retry-After computed from the predicted wait. Fixed per-queue depth limits apply alongside.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+from broker import metrics
+from broker.backpressure import BackpressureMonitor
+from broker.queues import GENERATION_QUEUE, RETRIEVAL_QUEUE
+from broker.settings import Settings
+
+
+class Action(Enum):
+    ADMIT = "admit"
+    DEGRADE = "degrade"
+    REJECT = "reject"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    action: Action
+    reason: str = ""
+    message: str = ""  # a 503's message, or a degraded answer's notice
+    retry_after_s: int = 0
+
+    @property
+    def degraded(self) -> bool:
+        return self.action is Action.DEGRADE
+
+
+ADMIT = Decision(Action.ADMIT)
+
+
+def _seconds(value: float) -> str:
+    return "unknown (the queue is not being served)" if math.isinf(value) else f"{value:.1f} s"
+
+
+class Admission:
+    def __init__(self, settings: Settings, monitor: BackpressureMonitor | None) -> None:
+        self._s = settings
+        self._monitor = monitor
+        # Requests this process admitted since the snapshot it decides on was taken: the snapshot
+        # is up to ~50 ms old, and a burst inside that window must not all see the same queue.
+        self._local_at = -1
+        self._local = {RETRIEVAL_QUEUE: 0, GENERATION_QUEUE: 0}
+
+    def deadline_s(self, header_ms: int | None) -> float:
+        """The request's deadline: the header within the configured bounds, else the default."""
+        s = self._s
+        ms = s.default_deadline_ms if header_ms is None else header_ms
+        return min(max(ms, s.min_deadline_ms), s.max_deadline_ms) / 1000
+
+    def _retry_after(self, wait_s: float, deadline_s: float) -> int:
+        # When the backlog ahead would have drained enough for a request with this deadline.
+        if math.isinf(wait_s):
+            return self._s.retry_after_max_s
+        return int(min(self._s.retry_after_max_s, max(1, math.ceil(wait_s - deadline_s))))
+
+    def _extra(self, at_ms: int) -> dict[str, int]:
+        if at_ms != self._local_at:
+            self._local_at = at_ms
+            self._local = {RETRIEVAL_QUEUE: 0, GENERATION_QUEUE: 0}
+        return self._local
+
+    def decide(self, mode: str, *, allow_degraded: bool, deadline_s: float) -> Decision:
+        s = self._s
+        monitor = self._monitor
+        if not s.admission_enabled or monitor is None:
+            return ADMIT
+        snapshot = monitor.snapshot
+        if snapshot is None or monitor.age_s() > s.backpressure_stale_s:
+            return ADMIT  # fail open: without a measurement, refusing would turn a Redis blip into an outage
+        extra = self._extra(snapshot.at_ms)
+        retrieval, generation = snapshot.load(RETRIEVAL_QUEUE), snapshot.load(GENERATION_QUEUE)
+        wait_r = retrieval.predicted_wait_s(extra[RETRIEVAL_QUEUE])
+        retrieval_full = 0 < s.max_depth_retrieval <= retrieval.depth
+        if retrieval_full or wait_r > deadline_s:
+            reason = "retrieval_queue_full" if retrieval_full else "retrieval_busy"
+            return self._reject(
+                reason,
+                f"overloaded: retrieval's predicted wait {_seconds(wait_r)} exceeds the deadline "
+                f"{deadline_s:.1f} s" + (f" (queue depth {retrieval.depth})" if retrieval_full else ""),
+                self._retry_after(wait_r, deadline_s),
+            )
+        if mode == "retrieval":
+            return ADMIT
+        wait = wait_r + generation.predicted_wait_s(extra[GENERATION_QUEUE])
+        generation_full = 0 < s.max_depth_generation <= generation.depth + extra[GENERATION_QUEUE]
+        if not (generation_full or wait > deadline_s):
+            return ADMIT
+        reason = "generation_queue_full" if generation_full else "generation_busy"
+        why = f"generation's predicted wait {_seconds(wait)} exceeds the deadline {deadline_s:.1f} s"
+        if allow_degraded:
+            metrics.DEGRADED.labels(reason).inc()
+            return Decision(
+                Action.DEGRADE,
+                reason,
+                f"Generation is busy ({why}): this answer has the retrieved sources only. "
+                "Retry later for a generated answer, or send a longer X-Request-Deadline-Ms.",
+            )
+        return self._reject(reason, f"overloaded: {why}", self._retry_after(wait, deadline_s))
+
+    def _reject(self, reason: str, message: str, retry_after_s: int) -> Decision:
+        metrics.REJECTIONS.labels("overloaded").inc()
+        return Decision(Action.REJECT, reason, message, retry_after_s)
+
+    def admitted(self, mode: str) -> None:
+        """A request was enqueued with this mode (after :meth:`decide`)."""
+        snapshot = self._monitor.snapshot if self._monitor else None
+        if snapshot is None:
+            return
+        extra = self._extra(snapshot.at_ms)
+        extra[RETRIEVAL_QUEUE] += 1
+        if mode == "rag":
+            extra[GENERATION_QUEUE] += 1
