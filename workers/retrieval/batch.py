@@ -115,6 +115,7 @@ class BatchRetriever:
                 if r["mode"] == "retrieval":
                     # A request the API degraded to retrieval-only says so in its `done` event.
                     done = {"answer": None, "usage": None, "timings": timings, **r.get("degraded", {})}
+                    events.append((r["request_id"], "done", done))
                 elif self._early_exit(r, sources):
                     done = {
                         "answer": sources[0]["text"],
