@@ -42,7 +42,9 @@ class RequestContext:
             await refusal_response(verdict, request_id)(scope, receive, send)
             metrics.REQUESTS.labels("refused", str(verdict.status)).inc()
             return
-        scope["state"]["principal"] = verdict.principal
+        if verdict.principal != "anonymous" or "principal" not in scope["state"]:
+            # With auth off, a principal set by an outer layer (a trusted gateway, a test) stays.
+            scope["state"]["principal"] = verdict.principal
         extra = [(b"x-request-id", request_id.encode())]
         extra += [(k.lower().encode(), v.encode()) for k, v in rate_headers(verdict).items()]
         status = 500
