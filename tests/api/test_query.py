@@ -36,12 +36,15 @@ def pushed_queues(redis_url: str) -> Iterator[list[str]]:
     client = redis.Redis.from_url(redis_url)
     ready = threading.Event()
 
+    db = client.connection_pool.connection_kwargs.get("db", 0)
+
     def watch() -> None:
         with client.monitor() as monitor:
             ready.set()
             for cmd in monitor.listen():
                 command = cmd["command"]
-                if command.upper().startswith(("LPUSH", "RPUSH")):
+                # MONITOR sees every database of the server: count this one's pushes only.
+                if cmd.get("db") == db and command.upper().startswith(("LPUSH", "RPUSH")):
                     pushed.append(command.split()[1])
                 if "ragline-monitor-stop" in command:  # the sentinel: everything before it was seen
                     return
