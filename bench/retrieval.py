@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -165,18 +165,13 @@ def recall_and_ceiling(settings: Settings, labels: list[tuple[str, str, str]]) -
         for _, src, title in labels
     ]
     knobs = index_store.SearchKnobs(refine_k_factor=settings.ivf_refine_k_factor)
-    ivf_loaded = index_store.LoadedIndex(
-        info=info.__class__(**{**info.__dict__, "index_type": "ivfpq"}) if False else _as_type(info, "ivfpq"),
-        index=ivf,
-        chunks=hnsw.chunks,
-    )
+    ivf_loaded = index_store.LoadedIndex(replace(info, index_type="ivfpq"), ivf, hnsw.chunks)
     out: dict[str, float] = {}
     for name, index in (("flat", flat), ("hnsw", hnsw.index)):
         _, ids = index.search(q, 10)
         out.update(_rank_metrics(name, ids, relevant))
-    ids = np.array(
-        [[hnsw.chunks.index(c) for c, _ in row] for row in ivf_loaded.search(q, 10, knobs)], dtype=object
-    )
+    position = {c.chunk_id: i for i, c in enumerate(hnsw.chunks)}
+    ids = np.array([[position[c.chunk_id] for c, _ in row] for row in ivf_loaded.search(q, 10, knobs)])
     out.update(_rank_metrics("ivfpq", ids, relevant))
 
     # Ceiling: 64 queries encoded as one batch and searched as one batch, best of several runs.
@@ -188,12 +183,6 @@ def recall_and_ceiling(settings: Settings, labels: list[tuple[str, str, str]]) -
         best = min(best, time.perf_counter() - started)
     out["ceiling_qps"] = len(batch) / best
     return out
-
-
-def _as_type(info: object, index_type: str) -> object:
-    from dataclasses import replace
-
-    return replace(info, index_type=index_type)  # type: ignore[type-var]
 
 
 def _rank_metrics(name: str, ids: np.ndarray, relevant: list[set[int]]) -> dict[str, float]:
@@ -239,6 +228,24 @@ def measure(
     return results
 
 
+def measure_reference(
+    kind: str, settings: Settings, queries: list[str], *, unique: bool, duration: float
+) -> list[LoadResult]:
+    """Start one of bench/servers.py's servers, load it at each concurrency, stop it."""
+    port = _free_port()
+    print(f"{kind} server", flush=True)
+    server = _start(
+        [[sys.executable, "-m", "bench.servers", kind, "--port", str(port)]],
+        _env(settings),
+        f"http://127.0.0.1:{port}",
+        {"query": "warm up"},
+    )
+    try:
+        return measure(server.url, queries, unique=unique, duration=duration)
+    finally:
+        server.stop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -279,18 +286,7 @@ def main() -> int:
     results: dict[str, list[LoadResult]] = {}
     retrieval_only = ', "mode": "retrieval"'
 
-    port = _free_port()
-    print("naive server", flush=True)
-    naive = _start(
-        [[sys.executable, "-m", "bench.servers", "naive", "--port", str(port)]],
-        _env(settings),
-        f"http://127.0.0.1:{port}",
-        {"query": "warm up"},
-    )
-    try:
-        results["naive"] = measure(naive.url, queries, unique=True, duration=args.duration)
-    finally:
-        naive.stop()
+    results["naive"] = measure_reference("naive", settings, queries, unique=True, duration=args.duration)
 
     port = _free_port()
     print("ragline (API + retrieval worker)", flush=True)
@@ -313,18 +309,7 @@ def main() -> int:
     finally:
         ragline.stop()
 
-    port = _free_port()
-    print("floor (one Redis GET)", flush=True)
-    floor = _start(
-        [[sys.executable, "-m", "bench.servers", "floor", "--port", str(port)]],
-        _env(settings),
-        f"http://127.0.0.1:{port}",
-        {"query": "x"},
-    )
-    try:
-        results["floor"] = measure(floor.url, ["x"], unique=False, duration=args.duration)
-    finally:
-        floor.stop()
+    results["floor"] = measure_reference("floor", settings, ["x"], unique=False, duration=args.duration)
 
     return report(results, quality, args.out)
 
