@@ -55,7 +55,9 @@ def run_demo(settings: Settings) -> int:
                 body = reply.json()
                 t = body["timings"]
                 print(f"\nQ: {question}")
-                print(textwrap.fill(f"A: {body['answer']}", width=100, subsequent_indent="   "))
+                # Under load admission control may answer with the sources only; say so plainly.
+                answer = body["answer"] if body["answer"] is not None else f"({body.get('notice')})"
+                print(textwrap.fill(f"A: {answer}", width=100, subsequent_indent="   "))
                 for s in body["sources"]:
                     print(f"   - [{s['score']:.2f}] {Path(s['source']).stem}: {s['title']}")
                 print(
