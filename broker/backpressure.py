@@ -4,8 +4,8 @@ Per queue, from Redis as kombu lays it out (see ARCHITECTURE.md): the waiting de
 LLEN over the queue's priority lists, the in-flight count is that queue's entries in kombu's
 ``unacked`` hash (prefetch is 1, so that is what the workers hold, running or about to), and the
 true depth is both. The service rate is an exponentially weighted rate of completions, fed by the
-workers' ``done`` counters. By Little's law the time a new request spends in the queue is about
-depth / rate.
+workers' ``done`` counters. By Little's law a new request has its answer after about
+(depth + 1) / rate: the work ahead of it, then its own.
 
 Measuring costs one Lua script (``backpressure.lua``) and is done at most every
 ``backpressure_refresh_ms`` across all API processes: the script takes a short lease, and the one
@@ -63,21 +63,20 @@ class QueueLoad:
         return self.waiting + self.in_flight
 
     def predicted_wait_s(self, extra_requests: int = 0) -> float:
-        """Seconds a request arriving now spends on this queue: depth / rate (Little's law).
+        """Seconds until a request arriving now has its answer from this queue (Little's law).
 
-        ``extra_requests`` are requests admitted since the snapshot was taken. Depth is counted in
-        tasks and divided by the task rate, so a retrieval batch of 64 counts once, as it is served.
-        An empty queue predicts 0 even with no known rate (a cold start admits); a queue with work
-        and a known rate near zero (stalled) predicts infinity; unknown rate with work: 0 (admit;
+        It waits for the ``depth`` tasks ahead and then for its own: (depth + 1) / task rate, plus
+        ``extra_requests`` / request rate for requests admitted since the snapshot was taken.
+        Counted in tasks, a retrieval batch of 64 counts once, as it is served; for generation a
+        task is one request. An empty queue with no known rate predicts 0 (a cold start admits);
+        a queue with a known rate near zero (stalled) predicts infinity; unknown rate: 0 (admit;
         the fixed depth limits are the guard until the first completion).
         """
-        if self.depth == 0 and extra_requests == 0:
-            return 0.0
         if not self.known:
             return 0.0
         if self.task_rate <= 1e-9 or self.rate <= 1e-9:
-            return math.inf
-        return self.depth / self.task_rate + extra_requests / self.rate
+            return 0.0 if self.depth == 0 and extra_requests == 0 else math.inf
+        return (self.depth + 1) / self.task_rate + extra_requests / self.rate
 
 
 @dataclass(frozen=True, slots=True)

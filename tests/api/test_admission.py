@@ -29,8 +29,8 @@ def _snapshot(retrieval: QueueLoad, generation: QueueLoad, at_ms: int = 1) -> Sn
 
 
 IDLE = QueueLoad("x")
-# retrieval: 2 batches ahead at 20 batches/s = 0.1 s; generation: 12 ahead at 2/s = 6 s
-R_OK = QueueLoad("retrieval", waiting=1, in_flight=1, rate=600, task_rate=20, known=True)
+# retrieval: 1 batch ahead + its own at 20 batches/s = 0.1 s; generation: 12 ahead + its own at 2/s = 6.5 s
+R_OK = QueueLoad("retrieval", waiting=1, rate=600, task_rate=20, known=True)
 G_BUSY = QueueLoad("generation", waiting=4, in_flight=8, rate=2, task_rate=2, known=True)
 
 
@@ -52,21 +52,21 @@ def test_generation_too_slow_degrades_or_refuses() -> None:
     assert admission.decide("rag", allow_degraded=True, deadline_s=10).action is Action.ADMIT
     degraded = admission.decide("rag", allow_degraded=True, deadline_s=5)
     assert (degraded.action, degraded.reason) == (Action.DEGRADE, "generation_busy")
-    assert "Generation is busy" in degraded.message and "6.1 s" in degraded.message
+    assert "Generation is busy" in degraded.message and "6.6 s" in degraded.message
     refused = admission.decide("rag", allow_degraded=False, deadline_s=5)
     assert (refused.action, refused.reason) == (Action.REJECT, "generation_busy")
-    assert refused.retry_after_s == 2  # ceil(6.1 - 5)
+    assert refused.retry_after_s == 2  # ceil(6.6 - 5)
     # retrieval-only requests do not wait for generation
     assert admission.decide("retrieval", allow_degraded=False, deadline_s=5).action is Action.ADMIT
 
 
 def test_retrieval_too_slow_refuses_with_retry_after_from_the_predicted_wait() -> None:
-    slow = QueueLoad("retrieval", waiting=40, in_flight=1, rate=20, task_rate=2, known=True)  # 20.5 s
+    slow = QueueLoad("retrieval", waiting=40, in_flight=1, rate=20, task_rate=2, known=True)  # 21 s
     admission = _admission(_snapshot(slow, IDLE), retry_after_max_s=60)
     for mode in ("rag", "retrieval"):
         d = admission.decide(mode, allow_degraded=True, deadline_s=5)
         assert (d.action, d.reason, d.retry_after_s) == (Action.REJECT, "retrieval_busy", 16)
-        assert "20.5 s" in d.message
+        assert "21.0 s" in d.message
     stalled = QueueLoad("retrieval", waiting=1, rate=0, task_rate=0, known=True)
     d = _admission(_snapshot(stalled, IDLE), retry_after_max_s=30).decide(
         "rag", allow_degraded=True, deadline_s=5
@@ -87,13 +87,13 @@ def test_fixed_depth_limits() -> None:
 
 
 def test_admissions_since_the_snapshot_count_against_it() -> None:
-    # generation: 2 ahead at 1/s = 2 s; each request admitted here adds 1 s until the next snapshot
+    # generation: 2 ahead + its own at 1/s = 3 s; each request admitted here adds 1 s until the next snapshot
     snap = _snapshot(IDLE, QueueLoad("generation", in_flight=2, rate=1, task_rate=1, known=True))
     monitor = FakeMonitor(snap)
     admission = Admission(Settings(), monitor)  # type: ignore[arg-type]
     outcomes = []
     for _ in range(3):
-        d = admission.decide("rag", allow_degraded=True, deadline_s=3.5)
+        d = admission.decide("rag", allow_degraded=True, deadline_s=4.5)
         outcomes.append(d.action)
         if d.action is Action.ADMIT:
             admission.admitted("rag")

@@ -120,14 +120,16 @@ def test_service_rate_is_an_ewma_of_completions_while_busy(redis_url: str) -> No
     assert first.known
     assert first.rate == pytest.approx(alpha * 20, rel=1e-3)
     assert first.task_rate == pytest.approx(alpha * 2, rel=1e-3)
-    assert first.predicted_wait_s() == pytest.approx(4 / first.task_rate, rel=1e-3)
+    # the 4 tasks ahead, then its own
+    assert first.predicted_wait_s() == pytest.approx(5 / first.task_rate, rel=1e-3)
     assert first.predicted_wait_s(extra_requests=3) == pytest.approx(
-        4 / first.task_rate + 3 / first.rate, rel=1e-3
+        5 / first.task_rate + 3 / first.rate, rel=1e-3
     )
     assert emptied.rate == pytest.approx(first.rate * (1 - alpha), rel=1e-3)
     assert idle1.rate == pytest.approx(emptied.rate, rel=1e-6)
     assert idle2.rate == pytest.approx(emptied.rate, rel=1e-6)
-    assert idle2.depth == 0 and idle2.predicted_wait_s() == 0.0
+    # idle: only its own service time is left
+    assert idle2.depth == 0 and idle2.predicted_wait_s() == pytest.approx(1 / idle2.task_rate, rel=1e-3)
     assert stalled.rate == pytest.approx(emptied.rate * (1 - alpha), rel=1e-3)
 
 
