@@ -10,6 +10,7 @@ Retry-After computed from the predicted wait. Fixed per-queue depth limits apply
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from enum import Enum
 
@@ -52,6 +53,11 @@ class Admission:
         # is up to ~50 ms old, and a burst inside that window must not all see the same queue.
         self._local_at = -1
         self._local = {RETRIEVAL_QUEUE: 0, GENERATION_QUEUE: 0}
+        # RAG requests admitted here that have not reached the generation queue yet: they wait
+        # in the coalescer or in retrieval, invisible to generation's depth, and will be there
+        # within a retrieval's time. Forgotten after the request timeout (an async job's
+        # retrieval is never watched here).
+        self._in_transit: dict[str, float] = {}
 
     def deadline_s(self, header_ms: int | None) -> float:
         """The request's deadline: the header within the configured bounds, else the default."""
@@ -93,8 +99,9 @@ class Admission:
             )
         if mode == "retrieval":
             return ADMIT
-        wait = wait_r + generation.predicted_wait_s(extra[GENERATION_QUEUE])
-        generation_full = 0 < s.max_depth_generation <= generation.depth + extra[GENERATION_QUEUE]
+        in_transit = self._count_in_transit()
+        wait = wait_r + generation.predicted_wait_s(in_transit)
+        generation_full = 0 < s.max_depth_generation <= generation.depth + in_transit
         if not (generation_full or wait > deadline_s):
             return ADMIT
         reason = "generation_queue_full" if generation_full else "generation_busy"
@@ -113,12 +120,23 @@ class Admission:
         metrics.REJECTIONS.labels("overloaded").inc()
         return Decision(Action.REJECT, reason, message, retry_after_s)
 
-    def admitted(self, mode: str) -> None:
+    def admitted(self, mode: str, request_id: str) -> None:
         """A request was enqueued with this mode (after :meth:`decide`)."""
-        snapshot = self._monitor.snapshot if self._monitor else None
-        if snapshot is None:
-            return
-        extra = self._extra(snapshot.at_ms)
-        extra[RETRIEVAL_QUEUE] += 1
         if mode == "rag":
-            extra[GENERATION_QUEUE] += 1
+            self._in_transit[request_id] = time.monotonic()
+        snapshot = self._monitor.snapshot if self._monitor else None
+        if snapshot is not None:
+            self._extra(snapshot.at_ms)[RETRIEVAL_QUEUE] += 1
+
+    def retrieved(self, request_id: str) -> None:
+        """The request's retrieval answered: it is on the generation queue now (or done)."""
+        self._in_transit.pop(request_id, None)
+
+    def _count_in_transit(self) -> int:
+        horizon = time.monotonic() - self._s.request_timeout_s
+        while self._in_transit:
+            oldest = next(iter(self._in_transit))  # insertion order is admission order
+            if self._in_transit[oldest] >= horizon:
+                break
+            del self._in_transit[oldest]
+        return len(self._in_transit)

@@ -225,7 +225,9 @@ class QueryService:
             raise ApiError(
                 503, "unavailable", f"could not enqueue the request: {exc!r}", headers={"Retry-After": "1"}
             ) from exc
-        self._admission.admitted(a.mode)
+        self._admission.admitted(a.mode, request_id)
+        if job_id is not None:
+            self._admission.retrieved(request_id)  # its retrieval is not watched here
 
     async def events(
         self, request_id: str, *, after: str = "0-0", settle: bool = False
@@ -239,10 +241,12 @@ class QueryService:
                 if pending:
                     pending = False
                     self._coalescer.settle(request_id)
+                    self._admission.retrieved(request_id)
                 yield event
         finally:
             if pending:
                 self._coalescer.settle(request_id)
+                self._admission.retrieved(request_id)
 
     def _decide(self, a: Admitted, req: QueryRequest, deadline_s: float | None) -> Decision:
         deadline = self._admission.deadline_s(None) if deadline_s is None else deadline_s

@@ -86,20 +86,35 @@ def test_fixed_depth_limits() -> None:
     assert (d.action, d.reason, d.retry_after_s) == (Action.REJECT, "retrieval_queue_full", 1)
 
 
-def test_admissions_since_the_snapshot_count_against_it() -> None:
-    # generation: 2 ahead + its own at 1/s = 3 s; each request admitted here adds 1 s until the next snapshot
+def test_rag_requests_still_in_retrieval_count_against_generation() -> None:
+    # generation: 2 ahead + its own at 1/s = 3 s; each RAG request admitted here and not yet
+    # through retrieval (so not on the generation queue) adds 1 s, whatever the snapshot
     snap = _snapshot(IDLE, QueueLoad("generation", in_flight=2, rate=1, task_rate=1, known=True))
     monitor = FakeMonitor(snap)
     admission = Admission(Settings(), monitor)  # type: ignore[arg-type]
     outcomes = []
-    for _ in range(3):
+    for i in range(3):
         d = admission.decide("rag", allow_degraded=True, deadline_s=4.5)
         outcomes.append(d.action)
         if d.action is Action.ADMIT:
-            admission.admitted("rag")
+            admission.admitted("rag", f"r{i}")
     assert outcomes == [Action.ADMIT, Action.ADMIT, Action.DEGRADE]
-    monitor.snapshot = _snapshot(IDLE, snap.load("generation"), at_ms=2)  # a new snapshot: reset
-    assert admission.decide("rag", allow_degraded=True, deadline_s=3.5).action is Action.ADMIT
+    monitor.snapshot = _snapshot(IDLE, snap.load("generation"), at_ms=2)  # a new snapshot: still in transit
+    assert admission.decide("rag", allow_degraded=True, deadline_s=4.5).action is Action.DEGRADE
+    admission.retrieved("r0")  # its retrieval answered: generation's depth counts it from now on
+    assert admission.decide("rag", allow_degraded=True, deadline_s=4.5).action is Action.ADMIT
+    admission.admitted("retrieval", "r9")  # retrieval-only requests never reach generation
+    assert admission.decide("rag", allow_degraded=True, deadline_s=4.5).action is Action.ADMIT
+
+
+def test_requests_in_transit_are_forgotten_after_the_request_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    snap = _snapshot(IDLE, QueueLoad("generation", rate=1, task_rate=1, known=True))
+    admission = Admission(Settings(request_timeout_s=10), FakeMonitor(snap))  # type: ignore[arg-type]
+    admission.admitted("rag", "lost")  # an async job, say: nobody here watches its retrieval
+    assert admission.decide("rag", allow_degraded=True, deadline_s=1.5).action is Action.DEGRADE
+    later = time.monotonic() + 11
+    monkeypatch.setattr("api.admission.time.monotonic", lambda: later)
+    assert admission.decide("rag", allow_degraded=True, deadline_s=1.5).action is Action.ADMIT
 
 
 def test_stale_snapshot_or_admission_off_admits() -> None:
