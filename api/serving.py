@@ -176,6 +176,19 @@ class QueryService:
             metrics.CACHE_MISSES.labels("result").inc()
         return found, found.key(self._keys, a.index, digest)
 
+    async def cached_answer(self, raw: bytes, request_id: str) -> bytes | None:
+        """The cached response for this JSON body, or None for anything but a plain hit (the
+        caller then serves the request in full, which validates, counts and computes it)."""
+        try:
+            a = self.admit(QueryRequest.model_validate_json(raw))
+            found = await self._cache.lookup(a.index, self._digest(a))
+        except Exception:  # invalid body, Redis trouble: the full path answers and reports it
+            return None
+        if found.outcome is not Outcome.HIT:
+            return None
+        metrics.CACHE_HITS.labels("result").inc()
+        return _splice(request_id, found.body)
+
     async def _publish_batch(self, items: list[dict[str, Any]]) -> None:
         loop = asyncio.get_running_loop()
         publish = loop.run_in_executor(

@@ -172,6 +172,29 @@ def test_cache_hit_touches_no_queue(client: httpx.Client, workers, redis_url: st
     assert pushed == []
 
 
+def test_cache_hit_path_keeps_the_request_id_and_every_check(client: httpx.Client, workers) -> None:
+    body = {"query": "When does the Vellmar library close?", "mode": "retrieval"}
+    assert client.post("/v1/query", json=body).status_code == 200
+    hit = client.post("/v1/query", json=body)
+    assert hit.status_code == 200 and hit.json()["cached"] is True
+    assert hit.headers["X-Request-Id"] == hit.json()["request_id"]
+    assert hit.headers["content-type"] == "application/json"
+    # A cached answer does not excuse a bad request: each of these is refused as without a cache.
+    assert client.post("/v1/query", json={**body, "top_k": 0}).status_code == 422
+    assert client.post("/v1/query", json={**body, "surprise": 1}).status_code == 422
+    assert client.post("/v1/query", json=body, headers={"X-Request-Deadline-Ms": "0"}).status_code == 422
+    assert (
+        client.post(
+            "/v1/query", content=b'{"query": ', headers={"Content-Type": "application/json"}
+        ).status_code
+        == 400
+    )
+    with_deadline = client.post("/v1/query", json=body, headers={"X-Request-Deadline-Ms": "5000"})
+    assert with_deadline.status_code == 200 and with_deadline.json()["cached"] is True
+    metrics = client.get("/metrics").text
+    assert 'ragline_requests_total{endpoint="/v1/query",status="200"}' in metrics.replace(", ", ",")
+
+
 def test_disconnect_aborts_generation_within_a_second(api, workers, redis_url: str) -> None:
     import time
 
