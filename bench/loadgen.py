@@ -24,7 +24,7 @@ local tag = '%(tag)s'  -- fresh per run: wrk's own random numbers repeat across 
 request = function()
   n = n + 1
   local q = queries[(n - 1) %% #queries + 1]
-  if unique then q = q .. " (" .. tag .. "-" .. n .. ")" end
+  if unique then q = q .. " (" .. tag .. "-" .. n .. ")" end  -- as unique_query() below
   local body = '{"query": "' .. q .. '"' .. extra .. '}'
   return wrk.format("POST", "%(path)s", {["Content-Type"] = "application/json"}, body)
 end
@@ -51,6 +51,11 @@ class LoadResult:
 
     def row(self) -> dict[str, float]:
         return {"rps": self.rps, "p50_ms": self.p50_ms, "p99_ms": self.p99_ms, "errors": self.errors}
+
+
+def unique_query(query: str, tag: str, n: int) -> str:
+    """A query made unique as the load script makes it (no cache can answer it)."""
+    return f"{escape_query(query)} ({tag}-{n})"
 
 
 def escape_query(query: str) -> str:

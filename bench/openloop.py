@@ -9,6 +9,7 @@ in count and time, loopback only. wrk2 would do this in C but is not packaged he
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import time
 from collections.abc import Callable
@@ -125,18 +126,29 @@ def open_loop(
     shares: list[float] | None = None,
     timeout_s: float = 30.0,
 ) -> list[Sample]:
-    """Send ``rate`` requests per second for ``duration_s`` and wait for every answer (or timeout)."""
-    return asyncio.run(
-        _open_loop(
-            url,
-            rate=rate,
-            duration_s=duration_s,
-            body=body,
-            headers=headers,
-            shares=shares or [1.0] * len(headers),
-            timeout_s=timeout_s,
+    """Send ``rate`` requests per second for ``duration_s`` and wait for every answer (or timeout).
+
+    The collector is off for the run (a few thousand requests fit in memory): a full collection
+    in the generator would be counted as the server's latency.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        return asyncio.run(
+            _open_loop(
+                url,
+                rate=rate,
+                duration_s=duration_s,
+                body=body,
+                headers=headers,
+                shares=shares or [1.0] * len(headers),
+                timeout_s=timeout_s,
+            )
         )
-    )
+    finally:
+        gc.enable()
+        gc.unfreeze()
 
 
 def sequential(
