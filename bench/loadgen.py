@@ -21,10 +21,13 @@ local unique = %(unique)s
 local extra = '%(extra)s'
 local n = 0
 local tag = '%(tag)s'  -- fresh per run: wrk's own random numbers repeat across runs
+local offset = %(offset)d  -- where this run starts in the list, so runs do not repeat each other
 request = function()
   n = n + 1
-  local q = queries[(n - 1) %% #queries + 1]
-  if unique then q = q .. " (" .. tag .. "-" .. n .. ")" end  -- as unique_query() below
+  local i = offset + n - 1
+  local q = queries[i %% #queries + 1]
+  -- Cold runs send each query once; past the end of the list a tag keeps them unique.
+  if unique and i >= #queries then q = q .. " (" .. tag .. "-" .. i .. ")" end
   local body = '{"query": "' .. q .. '"' .. extra .. '}'
   return wrk.format("POST", "%(path)s", {["Content-Type"] = "application/json"}, body)
 end
@@ -53,11 +56,6 @@ class LoadResult:
         return {"rps": self.rps, "p50_ms": self.p50_ms, "p99_ms": self.p99_ms, "errors": self.errors}
 
 
-def unique_query(query: str, tag: str, n: int) -> str:
-    """A query made unique as the load script makes it (no cache can answer it)."""
-    return f"{escape_query(query)} ({tag}-{n})"
-
-
 def escape_query(query: str) -> str:
     """The query as the Lua script sends it (no quotes or backslashes to escape in JSON)."""
     return query.replace("\\", " ").replace('"', "'").replace("\n", " ")
@@ -72,7 +70,9 @@ def run_wrk(
     unique: bool,
     extra_json: str = "",
     path: str = "/v1/query",
+    offset: int = 0,
 ) -> LoadResult:
+    """One wrk run; with ``unique`` each request sends the next query of the list from ``offset``."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed for the benchmarks: apt-get install wrk")
     with tempfile.TemporaryDirectory() as tmp:
@@ -89,6 +89,7 @@ def run_wrk(
                 "path": path,
                 "out": out,
                 "tag": uuid.uuid4().hex[:10],
+                "offset": offset,
             }
         )
         cmd = [

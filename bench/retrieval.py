@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.loadgen import LoadResult, run_wrk, unique_query
+from bench.loadgen import LoadResult, escape_query, run_wrk
 from broker.settings import Settings
 
 CONCURRENCY = (1, 16, 64)
@@ -110,6 +110,34 @@ def ensure_index(settings: Settings, docs: Path) -> None:
         ingest(settings, [docs], index_name=INDEX)
 
 
+def fresh_prefix(settings: Settings) -> str:
+    """A new Redis key prefix with the bench's index registered under it."""
+    from broker import indexes
+    from broker.keys import Keys
+    from broker.redis_pool import sync_client
+
+    client = sync_client(settings)
+    info = indexes.lookup(client, Keys(settings.key_prefix), INDEX)
+    assert info is not None
+    prefix = f"ragline-bench-{os.urandom(4).hex()}"
+    indexes.register(client, Keys(prefix), info)
+    return prefix
+
+
+def forget_prefix(settings: Settings, prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(settings.redis_url)
+    batch = []
+    for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+        batch.append(key)
+        if len(batch) >= 1000:
+            client.delete(*batch)
+            batch = []
+    if batch:
+        client.delete(*batch)
+
+
 def faq_labels(docs: Path) -> list[tuple[str, str, str]]:
     """(question, source, section title) for every FAQ section whose title is a question."""
     from workers.retrieval.readers import read_sections
@@ -123,7 +151,7 @@ def faq_labels(docs: Path) -> list[tuple[str, str, str]]:
 
 
 _ROLE = re.compile(r":[a-z:]+:`!?([^`]*)`")
-_FORMS = ("What is {}?", "How do I use {}?", "Explain {} briefly.")
+_FORMS = ("What is {}?", "How do I use {}?", "Explain {} briefly.", "Tell me about {}.", "{} in Python?")
 
 
 def load_queries(settings: Settings) -> list[str]:
@@ -188,9 +216,9 @@ def recall_and_ceiling(
     ids = np.array([[position[c.chunk_id] for c, _ in row] for row in ivf_loaded.search(q, 10, knobs)])
     out.update(_rank_metrics("ivfpq", ids, relevant))
 
-    # Ceiling: 64 of the load's queries, made unique as wrk makes them, encoded as one batch and
-    # searched as one batch; best of several runs.
-    batch = [unique_query(q, "0123456789", i) for i, q in enumerate(queries[:64])]
+    # Ceiling: 64 of the load's queries encoded as one batch and searched as one batch; best of
+    # several runs.
+    batch = [escape_query(q) for q in queries[:64]]
     best = float("inf")
     for _ in range(8):
         started = time.perf_counter()
@@ -235,13 +263,27 @@ def warm_cache(url: str, queries: list[str]) -> bytes:
 def measure(
     url: str, queries: list[str], *, unique: bool, duration: float, extra: str = ""
 ) -> list[LoadResult]:
-    # An untimed warm-up first: the first requests to a fresh process pay for lazy initialisation.
-    run_wrk(url, queries, connections=4, duration_s=3, unique=unique, extra_json=extra)
+    """wrk at each concurrency; in unique (cold) runs no query is sent twice to the same server."""
+    offset = 0
+
+    def run(connections: int, duration_s: float) -> LoadResult:
+        nonlocal offset
+        result = run_wrk(
+            url,
+            queries,
+            connections=connections,
+            duration_s=duration_s,
+            unique=unique,
+            extra_json=extra,
+            offset=offset,
+        )
+        offset += result.requests + connections  # the ones still in flight at the end were sent too
+        return result
+
+    run(4, 3)  # an untimed warm-up: the first requests to a fresh process pay for lazy initialisation
     results = []
     for c in CONCURRENCY:
-        results.append(
-            run_wrk(url, queries, connections=c, duration_s=duration, unique=unique, extra_json=extra)
-        )
+        results.append(run(c, duration))
         print(f"  {url} c={c}: {results[-1].row()}", flush=True)
     return results
 
@@ -303,7 +345,9 @@ def main() -> int:
 
     port = _free_port()
     print("ragline (API + retrieval worker)", flush=True)
-    env = _env(settings.model_copy(update={"api_port": port}))
+    # Its own key prefix: the result and embedding caches start empty (cold), whatever earlier runs left.
+    prefix = fresh_prefix(settings)
+    env = _env(settings.model_copy(update={"api_port": port, "key_prefix": prefix}))
     ragline = _start(
         [[sys.executable, "-m", "ragline", "worker", "retrieval"], [sys.executable, "-m", "ragline", "api"]],
         env,
@@ -325,6 +369,7 @@ def main() -> int:
         )
     finally:
         ragline.stop()
+        forget_prefix(settings, prefix)
 
     results["floor"] = measure_reference("floor", settings, ["x"], unique=False, duration=args.duration)
 
