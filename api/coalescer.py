@@ -8,8 +8,9 @@ together: the worker embeds them in one call and searches them in one call, and 
 While every retrieval worker is busy with a batch, a closed window does not send a small batch
 to wait in the Redis queue behind it: the queries stay here and go, more of them together, as
 soon as a batch comes back. They would have waited that long in the queue anyway. A hold never
-outlasts ``max_hold_s``: a batch that never reports back (its requests gave up) cannot stall
-the ones behind it.
+outlasts twice the time batches have recently taken to come back (at least 20 windows, at most
+2 s): a batch that never reports back (its worker died) cannot stall the ones behind it, and a
+full batch that takes a while does not get its successors split into small ones.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ Publish = Callable[[list[dict[str, Any]]], Awaitable[None]]
 
 
 class _Batch:
-    __slots__ = ("done", "request_ids")
+    __slots__ = ("done", "request_ids", "sent_at")
 
-    def __init__(self, request_ids: list[str]) -> None:
+    def __init__(self, request_ids: list[str], sent_at: float) -> None:
         self.request_ids = request_ids
         self.done = False
+        self.sent_at = sent_at
 
 
 class Coalescer:
@@ -40,7 +42,8 @@ class Coalescer:
     ) -> None:
         self._publish = publish
         self._window_s = window_s
-        self._max_hold_s = max(0.05, 20 * window_s)
+        self._min_hold_s = max(0.05, 20 * window_s)
+        self._round_trip_s = 0.0  # EWMA of how long batches take to come back
         self._held_since = 0.0
         self._max_batch = max_batch
         self._max_in_flight = max_in_flight
@@ -74,8 +77,13 @@ class Coalescer:
         for other in batch.request_ids:
             self._batch_of.pop(other, None)
         self._batches_in_flight -= 1
+        took = asyncio.get_running_loop().time() - batch.sent_at
+        self._round_trip_s = took if not self._round_trip_s else 0.8 * self._round_trip_s + 0.2 * took
         if self._pending and (self._window_closed or self._batches_in_flight == 0):
             self._flush()
+
+    def _max_hold_s(self) -> float:
+        return min(2.0, max(self._min_hold_s, 2 * self._round_trip_s))
 
     def _window_expired(self) -> None:
         self._timer = None
@@ -83,7 +91,7 @@ class Coalescer:
         if not self._window_closed:
             self._held_since = loop.time()
         if self._batches_in_flight < max(1, self._max_in_flight()) or (
-            loop.time() - self._held_since >= self._max_hold_s
+            loop.time() - self._held_since >= self._max_hold_s()
         ):
             self._flush()
         else:
@@ -98,7 +106,7 @@ class Coalescer:
         batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
         if not batch:
             return
-        handle = _Batch([item["request_id"] for item, _ in batch])
+        handle = _Batch([item["request_id"] for item, _ in batch], asyncio.get_running_loop().time())
         for request_id in handle.request_ids:
             self._batch_of[request_id] = handle
         self._batches_in_flight += 1

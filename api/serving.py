@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -30,6 +31,7 @@ from broker.settings import Settings
 
 _INDEX_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _ENQUEUE_TIMEOUT_S = 5.0
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +119,20 @@ class QueryService:
                     self._redis, self._keys, (RETRIEVAL_QUEUE,), s.worker_heartbeat_ttl_s
                 )
             self._workers_seen = (max(1, counts[RETRIEVAL_QUEUE]), time.monotonic())
+
+    def _soon(self, work: Coroutine[Any, Any, object]) -> None:
+        """Run ``work`` in the background, bounded by the Redis timeout; a failure is logged."""
+
+        async def bounded() -> None:
+            try:
+                async with asyncio.timeout(_ENQUEUE_TIMEOUT_S):
+                    await work
+            except Exception:
+                log.warning("background cache write failed", exc_info=True)
+
+        task = asyncio.get_running_loop().create_task(bounded())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def cancel_soon(self, request_id: str) -> None:
         """Flag ``request_id`` cancelled without awaiting (callable from a closing generator)."""
@@ -308,16 +324,19 @@ class QueryService:
                 await self._cache.release(key, request_id)
             raise
         # Cache only what was computed on the version the key names (a re-ingest may have raced).
+        # Off the answer's path: followers read the leader's stream, not the cache.
         if version != found.version:
             if leading:
-                await self._cache.release(key, request_id)
+                self._soon(self._cache.release(key, request_id))
         elif leading or found.outcome is Outcome.MISS:
             # Stored as a plain answer of its mode: a degraded request was a retrieval request.
             cached = response.model_copy(update={"cached": True})
-            await self._cache.store(
-                key,
-                cached.model_dump_json(exclude={"request_id"}).encode(),
-                leader=request_id if leading else "",
+            self._soon(
+                self._cache.store(
+                    key,
+                    cached.model_dump_json(exclude={"request_id"}).encode(),
+                    leader=request_id if leading else "",
+                )
             )
         if degraded is not None:
             return response.model_copy(update=degraded_fields(degraded))

@@ -59,7 +59,8 @@ async def query(
     metrics.REQUEST_SECONDS.labels("/v1/query", body.mode).observe(time.perf_counter() - started)
     if isinstance(answer, bytes):  # a cache hit, already JSON
         return Response(content=answer, media_type="application/json")
-    return answer
+    # Serialised once, here: the model was built from validated parts (response_model stays for the docs).
+    return Response(content=answer.model_dump_json(), media_type="application/json")
 
 
 async def _replay(request_id: str, cached: bytes, degraded: Decision | None = None) -> AsyncIterator[bytes]:

@@ -75,6 +75,24 @@ def test_busy_workers_hold_the_batch_until_one_comes_back() -> None:
     assert asyncio.run(scenario()) == [["r0"], ["r1", "r2", "r3"]]
 
 
+def test_a_hold_lasts_as_long_as_batches_take_to_come_back() -> None:
+    async def scenario() -> list[list[str]]:
+        rec = Recorder()
+        c = Coalescer(rec, window_s=0.01, max_batch=64, max_in_flight=lambda: 1)  # shortest hold 0.2 s
+        await c.submit(_item(0))
+        await asyncio.sleep(0.3)
+        c.settle("r0")  # batches take 0.3 s: hold up to 0.6 s rather than split the next ones
+        await c.submit(_item(1))
+        held = asyncio.create_task(c.submit(_item(2)))
+        await asyncio.sleep(0.35)
+        assert rec.batches == [["r0"], ["r1"]]
+        c.settle("r1")
+        await held
+        return rec.batches
+
+    assert asyncio.run(scenario()) == [["r0"], ["r1"], ["r2"]]
+
+
 def test_publish_errors_propagate_and_free_the_slot() -> None:
     async def failing(items: list[dict]) -> None:
         raise ConnectionError("broker down")

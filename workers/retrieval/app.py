@@ -24,7 +24,7 @@ from broker.redis_pool import sync_client
 from broker.settings import get_settings
 from workers import heartbeat, metrics_server
 from workers.retrieval import index_store
-from workers.retrieval.batch import BatchRetriever
+from workers.retrieval.batch import BatchRetriever, Retrieved
 from workers.retrieval.embedder import Embedder
 from workers.retrieval.embedding_cache import EmbeddingCache
 from workers.retrieval.index_store import IndexCache
@@ -95,6 +95,7 @@ def retrieve(*, requests: list[dict[str, Any]]) -> None:
     ]
     if not pending:
         return
+    result: Retrieved | None = None
     try:
         result = retriever().run(pending, picked_at=picked_at)
     except Exception as exc:
@@ -136,3 +137,8 @@ def retrieve(*, requests: list[dict[str, Any]]) -> None:
             },
             queue=GENERATION_QUEUE,
         )
+    if result is not None:
+        try:
+            result.write_cache()
+        except Exception:  # a cache write lost costs one encode later, nothing more
+            log.warning("embedding cache write failed", exc_info=True)

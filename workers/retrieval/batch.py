@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,8 @@ class Retrieved:
 
     events: list[Event]
     to_generate: list[dict[str, Any]]
+    # The embedding-cache write, for after the answers are out (it is not on their path).
+    write_cache: Callable[[], None] = lambda: None
 
 
 class BatchRetriever:
@@ -71,7 +74,7 @@ class BatchRetriever:
 
         started = time.perf_counter()
         texts = sorted({r["query"] for r in requests})
-        vectors = self._cache.encode(texts, self._embedder.encode)
+        vectors, write_cache = self._cache.encode_deferred(texts, self._embedder.encode)
         row_of = {t: i for i, t in enumerate(texts)}
         embed_s = time.perf_counter() - started
         metrics.EMBED_SECONDS.observe(embed_s)
@@ -126,4 +129,4 @@ class BatchRetriever:
                     events.append((r["request_id"], "done", done))
                 else:
                     to_generate.append({**r, "sources": sources, "timings": timings})
-        return Retrieved(events, to_generate)
+        return Retrieved(events, to_generate, write_cache)

@@ -28,8 +28,14 @@ class EmbeddingCache:
 
     def encode(self, texts: Sequence[str], encode: Encode) -> np.ndarray:
         """Embeddings for ``texts``: one MGET, one ``encode`` call for the misses, one pipelined write."""
+        vectors, write = self.encode_deferred(texts, encode)
+        write()
+        return vectors
+
+    def encode_deferred(self, texts: Sequence[str], encode: Encode) -> tuple[np.ndarray, Callable[[], None]]:
+        """As :meth:`encode`, with the cache write left to the caller (to do once its answers are out)."""
         if not texts:
-            return np.empty((0, self._dim), dtype=np.float32)
+            return np.empty((0, self._dim), dtype=np.float32), _nothing
         keys = [self._key(t) for t in texts]
         cached = self._client.mget(keys)
         out = np.empty((len(texts), self._dim), dtype=np.float32)
@@ -39,11 +45,20 @@ class EmbeddingCache:
                 out[i] = np.frombuffer(raw, dtype=np.float32)
         metrics.CACHE_HITS.labels("embedding").inc(len(texts) - len(missing))
         metrics.CACHE_MISSES.labels("embedding").inc(len(missing))
-        if missing:
-            fresh = encode([texts[i] for i in missing])
+        if not missing:
+            return out, _nothing
+        fresh = encode([texts[i] for i in missing])
+        for row, i in enumerate(missing):
+            out[i] = fresh[row]
+
+        def write() -> None:
             pipe = self._client.pipeline(transaction=False)
-            for row, i in enumerate(missing):
-                out[i] = fresh[row]
-                pipe.set(keys[i], fresh[row].astype(np.float32).tobytes(), ex=self._ttl_s)
+            for i in missing:
+                pipe.set(keys[i], out[i].tobytes(), ex=self._ttl_s)
             pipe.execute()
-        return out
+
+        return out, write
+
+
+def _nothing() -> None:
+    return None
