@@ -263,14 +263,21 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 def lone_requests(settings: Settings, base: str, questions: list[str], n: int = 30) -> list[float]:
     import httpx
+    import redis
 
+    from broker import apikeys
+    from broker.keys import Keys
+
+    key, _ = apikeys.create(redis.Redis.from_url(settings.redis_url), Keys(settings.key_prefix), "bench")
     firsts = []
-    with httpx.Client(base_url=base, timeout=120) as client:
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=base, timeout=120, headers=headers) as client:
         for i in range(n + 2):
             question = f"{questions[i % len(questions)]} ({uuid.uuid4().hex[:6]})"  # never a cache hit
             started = time.perf_counter()
             first = None
             with client.stream("POST", "/v1/query/stream", json={"query": question, "index": FAQ_INDEX}) as r:
+                r.raise_for_status()
                 for line in r.iter_lines():
                     if line == "event: token" and first is None:
                         first = time.perf_counter() - started

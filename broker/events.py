@@ -56,6 +56,7 @@ class EventWriter:
         self._ttl_s = ttl_s
         self._maxlen = maxlen
         self._job = job
+        self._expiry_set = False
 
     def start(self, stage: str) -> bool:
         """A task begins ``stage`` of the request; False when the request already finished (a
@@ -79,7 +80,11 @@ class EventWriter:
                 self._job.on_sources(data)
         pipe = self._client.pipeline(transaction=False)
         pipe.xadd(self._key, {"type": type_, "data": json.dumps(data)}, maxlen=self._maxlen, approximate=True)
-        pipe.expire(self._key, self._ttl_s)
+        # The TTL is set with the first event and renewed with the last: not once per token,
+        # which on a CPU host takes cycles from the engine sharing the cores.
+        if not self._expiry_set or type_ in FINAL_EVENTS:
+            pipe.expire(self._key, self._ttl_s)
+            self._expiry_set = True
         if completes:
             count_done(pipe, self._keys, completes, 1)
         pipe.execute()

@@ -62,3 +62,18 @@ def test_reader_waits_for_events_written_later(redis_url: str) -> None:
 def test_reader_times_out(redis_url: str) -> None:
     with pytest.raises(EventTimeout):
         asyncio.run(_collect(redis_url, uuid.uuid4().hex, timeout_s=0.3))
+
+
+def test_stream_expires_from_its_first_event_and_again_from_its_last(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    rid = uuid.uuid4().hex
+    key = KEYS.events(rid)
+    w = EventWriter(client, KEYS, rid, ttl_s=60, maxlen=1000)
+    w.emit("sources", {"sources": []})
+    assert 0 < client.ttl(key) <= 60
+    client.expire(key, 30)
+    w.emit("token", {"text": "a"})  # tokens leave the TTL alone
+    assert client.ttl(key) <= 30
+    w.emit("done", {"answer": "a"})
+    assert client.ttl(key) > 30
+    client.delete(key)
