@@ -3,7 +3,7 @@
 -- into each queue's service-rate EWMA; everyone else gets the current snapshot back.
 --
 -- KEYS[1] snapshot hash     KEYS[2] lease     KEYS[3] kombu's unacked hash
--- then for queue i (0-based): KEYS[4+6i] its done hash {requests, tasks},
+-- then for queue i (0-based): KEYS[4+6i] its done hash {requests, tasks, seconds},
 --                             KEYS[5+6i .. 8+6i] its priority lists (kombu: q, q\x06\x163, ...),
 --                             KEYS[9+6i] its worker heartbeats (sorted set, unix seconds)
 -- ARGV[1] lease (ms)   ARGV[2] EWMA time constant (s)   ARGV[3] now (ms; '' = Redis TIME)
@@ -55,15 +55,17 @@ for i, q in ipairs(queues) do
   local base = 4 + (i - 1) * 6
   local waiting = 0
   for j = 1, 4 do waiting = waiting + redis.call('LLEN', KEYS[base + j]) end
-  local done = redis.call('HMGET', KEYS[base], 'requests', 'tasks')
+  local done = redis.call('HMGET', KEYS[base], 'requests', 'tasks', 'seconds')
   local done_requests = tonumber(done[1]) or 0
   local done_tasks = tonumber(done[2]) or 0
+  local done_seconds = tonumber(done[3]) or 0
   local prev = redis.call('HMGET', KEYS[1], q .. ':depth', q .. ':done_requests', q .. ':done_tasks',
-    q .. ':rate', q .. ':task_rate', q .. ':known')
+    q .. ':rate', q .. ':task_rate', q .. ':known', q .. ':done_seconds', q .. ':service')
   local prev_depth = tonumber(prev[1]) or 0
   local rate = tonumber(prev[4]) or 0
   local task_rate = tonumber(prev[5]) or 0
   local known = tonumber(prev[6]) or 0
+  local service = tonumber(prev[8]) or 0
   if fresh and prev[2] then
     -- A counter that went backwards was reset (FLUSHDB): count nothing for this interval.
     local d_requests = math.max(0, done_requests - tonumber(prev[2]))
@@ -75,6 +77,17 @@ for i, q in ipairs(queues) do
       rate = rate + alpha * (d_requests / dt - rate)
       task_rate = task_rate + alpha * (d_tasks / dt - task_rate)
       if d_tasks > 0 then known = 1 end
+    end
+    -- Service time: the mean of this interval's tasks, each weighing a fifth (not per second:
+    -- a slow queue completes few tasks, and each says as much as one on a fast queue).
+    local d_seconds = done_seconds - (tonumber(prev[7]) or 0)
+    if d_tasks > 0 and d_seconds > 0 then
+      local mean = d_seconds / d_tasks
+      if service == 0 then
+        service = mean
+      else
+        service = service + (1 - 0.8 ^ d_tasks) * (mean - service)
+      end
     end
   end
   local depth = waiting + in_flight[q]
@@ -88,6 +101,8 @@ for i, q in ipairs(queues) do
   fields[#fields + 1] = q .. ':task_rate';     fields[#fields + 1] = fmt(task_rate)
   fields[#fields + 1] = q .. ':known';         fields[#fields + 1] = tostring(known)
   fields[#fields + 1] = q .. ':live_workers';  fields[#fields + 1] = tostring(live)
+  fields[#fields + 1] = q .. ':done_seconds';  fields[#fields + 1] = fmt(done_seconds)
+  fields[#fields + 1] = q .. ':service';       fields[#fields + 1] = fmt(service)
 end
 redis.call('HSET', KEYS[1], unpack(fields))
 return {1, fields}

@@ -41,10 +41,13 @@ def priority_lists(queue: str) -> list[str]:
     return [f"{queue}{Channel.sep}{p}" if p else queue for p in PRIORITY_STEPS]
 
 
-def count_done(pipe: Any, keys: Keys, queue: str, requests: int) -> None:
-    """Add one finished task of ``requests`` requests to a worker's pipeline (no extra round trip)."""
+def count_done(pipe: Any, keys: Keys, queue: str, requests: int, seconds: float = 0.0) -> None:
+    """Add one finished task of ``requests`` requests, served in ``seconds``, to a worker's
+    pipeline (no extra round trip)."""
     pipe.hincrby(keys.done(queue), "requests", requests)
     pipe.hincrby(keys.done(queue), "tasks", 1)
+    if seconds > 0:
+        pipe.hincrbyfloat(keys.done(queue), "seconds", seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +59,7 @@ class QueueLoad:
     task_rate: float = 0.0  # tasks completed per second while busy (EWMA)
     known: bool = False  # a completion has been seen: the rate means something
     live_workers: int = 0  # workers with a fresh heartbeat on this queue
+    service_s: float = 0.0  # how long one task takes in a worker, pickup to answer (EWMA)
 
     @property
     def depth(self) -> int:
@@ -65,8 +69,10 @@ class QueueLoad:
     def predicted_wait_s(self, extra_requests: int = 0) -> float:
         """Seconds until a request arriving now has its answer from this queue (Little's law).
 
-        It waits for the ``depth`` tasks ahead and then for its own: (depth + 1) / task rate, plus
-        ``extra_requests`` / request rate for requests admitted since the snapshot was taken.
+        It waits for the ``depth`` tasks ahead and then for its own: (depth + 1) / task rate, but
+        never less than one task's own service time (a worker serving many tasks at once, like
+        a batching engine, completes them faster than it serves any one of them), plus
+        ``extra_requests`` / request rate for requests admitted but not yet on the queue.
         Counted in tasks, a retrieval batch of 64 counts once, as it is served; for generation a
         task is one request. An empty queue with no known rate predicts 0 (a cold start admits);
         a queue with a known rate near zero (stalled) predicts infinity; unknown rate: 0 (admit;
@@ -76,7 +82,7 @@ class QueueLoad:
             return 0.0
         if self.task_rate <= 1e-9 or self.rate <= 1e-9:
             return 0.0 if self.depth == 0 and extra_requests == 0 else math.inf
-        return (self.depth + 1) / self.task_rate + extra_requests / self.rate
+        return max(self.service_s, (self.depth + 1) / self.task_rate) + extra_requests / self.rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +115,7 @@ def parse(fields: list[bytes] | list[str], queues: tuple[str, ...], *, received:
             task_rate=num(q, "task_rate"),
             known=num(q, "known") > 0,
             live_workers=int(num(q, "live_workers")),
+            service_s=num(q, "service"),
         )
         for q in queues
     }

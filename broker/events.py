@@ -65,15 +65,17 @@ class EventWriter:
             return False
         return self._job is None or self._job.start(stage)
 
-    def emit(self, type_: EventType, data: dict[str, Any], *, completes: str | None = None) -> None:
-        """Append one event; ``completes`` names the queue whose task this event finishes (the
-        backpressure monitor's service rate counts it, in the same round trip)."""
+    def emit(
+        self, type_: EventType, data: dict[str, Any], *, completes: str | None = None, service_s: float = 0.0
+    ) -> None:
+        """Append one event; ``completes`` names the queue whose task this event finishes, after
+        ``service_s`` in the worker (the backpressure monitor counts it, in the same round trip)."""
         if self._job is not None:
             if type_ in FINAL_EVENTS:
                 self._job.finish(self._key, type_, data, stream_ttl_s=self._ttl_s, maxlen=self._maxlen)
                 if completes:
                     pipe = self._client.pipeline(transaction=False)
-                    count_done(pipe, self._keys, completes, 1)
+                    count_done(pipe, self._keys, completes, 1, service_s)
                     pipe.execute()
                 return
             if type_ == "sources":
@@ -86,7 +88,7 @@ class EventWriter:
             pipe.expire(self._key, self._ttl_s)
             self._expiry_set = True
         if completes:
-            count_done(pipe, self._keys, completes, 1)
+            count_done(pipe, self._keys, completes, 1, service_s)
         pipe.execute()
 
     def has_final(self) -> bool:
@@ -102,12 +104,12 @@ def emit_many(
     *,
     ttl_s: int,
     maxlen: int,
-    completes: tuple[str, int] | None = None,
+    completes: tuple[str, int, float] | None = None,
 ) -> None:
     """Append events for many requests in one round trip (a retrieval batch answers all at once).
 
-    ``completes`` = (queue, requests): the task these events finish, counted for the backpressure
-    monitor's service rate in the same round trip.
+    ``completes`` = (queue, requests, seconds in the worker): the task these events finish,
+    counted for the backpressure monitor in the same round trip.
     """
     pipe = client.pipeline(transaction=False)
     for request_id, type_, data in events:

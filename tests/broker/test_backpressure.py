@@ -6,6 +6,7 @@ import asyncio
 import math
 import time
 import uuid
+from dataclasses import replace
 
 import pytest
 import redis
@@ -131,6 +132,32 @@ def test_service_rate_is_an_ewma_of_completions_while_busy(redis_url: str) -> No
     # idle: only its own service time is left
     assert idle2.depth == 0 and idle2.predicted_wait_s() == pytest.approx(1 / idle2.task_rate, rel=1e-3)
     assert stalled.rate == pytest.approx(emptied.rate * (1 - alpha), rel=1e-3)
+
+
+def test_service_time_is_a_per_task_ewma_and_bounds_the_prediction(redis_url: str) -> None:
+    queue = f"bp-{uuid.uuid4().hex[:8]}"
+    keys = Keys(f"ragline-test-{uuid.uuid4().hex[:8]}")
+    sync = redis.Redis.from_url(redis_url)
+
+    async def scenario() -> list[QueueLoad]:
+        monitor = _monitor(redis_url, keys, (queue,), tau_s=1.0)
+        seen = []
+        for ms, tasks in ((1_000_000, []), (1_001_000, [2.0]), (1_002_000, [4.0, 4.0])):
+            pipe = sync.pipeline()
+            for seconds in tasks:
+                count_done(pipe, keys, queue, 1, seconds)
+            pipe.execute()
+            await asyncio.sleep(0.005)  # past the 1 ms lease
+            seen.append((await monitor.refresh(now_ms=ms)).load(queue))
+        return seen
+
+    _, first, second = asyncio.run(scenario())
+    assert first.service_s == pytest.approx(2.0, rel=1e-3)  # the first completion sets it
+    assert second.service_s == pytest.approx(2.0 + (1 - 0.8**2) * 2.0, rel=1e-3)  # two tasks of 4 s
+    # A batching worker finishes tasks faster than it serves any one: never predict less than one.
+    fast = QueueLoad("q", in_flight=1, rate=2.0, task_rate=2.0, known=True, service_s=3.0)
+    assert fast.predicted_wait_s() == pytest.approx(3.0)
+    assert replace(fast, service_s=0.5).predicted_wait_s() == pytest.approx(1.0)  # (1 + 1) / 2
 
 
 def test_stalled_queue_predicts_an_infinite_wait() -> None:

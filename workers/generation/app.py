@@ -116,12 +116,20 @@ def generate(
         log.warning("engine unavailable for %s, requeueing: %s", request_id, exc)
         raise Reject(str(exc), requeue=True) from exc
     except GenerationTimeout as exc:
-        writer.emit("error", {"status": 504, "message": str(exc)}, completes=GENERATION_QUEUE)
+        writer.emit(
+            "error",
+            {"status": 504, "message": str(exc)},
+            completes=GENERATION_QUEUE,
+            service_s=time.time() - picked_at,
+        )
         return
     except Exception as exc:
         log.exception("generation failed for %s", request_id)
         writer.emit(
-            "error", {"status": 500, "message": f"generation failed: {exc}"}, completes=GENERATION_QUEUE
+            "error",
+            {"status": 500, "message": f"generation failed: {exc}"},
+            completes=GENERATION_QUEUE,
+            service_s=time.time() - picked_at,
         )
         return
     timings["generation_ms"] = (time.perf_counter() - started) * 1000
@@ -137,4 +145,5 @@ def generate(
             "timings": timings,
         },
         completes=GENERATION_QUEUE,
+        service_s=time.time() - picked_at,
     )

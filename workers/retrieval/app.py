@@ -116,7 +116,7 @@ def retrieve(*, requests: list[dict[str, Any]]) -> None:
         plain,
         ttl_s=settings.event_stream_ttl_s,
         maxlen=settings.event_stream_maxlen,
-        completes=(RETRIEVAL_QUEUE, len(pending)),
+        completes=(RETRIEVAL_QUEUE, len(pending), time.time() - picked_at),
     )
     for request_id, kind, data in result_events:
         if request_id in writers:
