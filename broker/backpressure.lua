@@ -78,15 +78,18 @@ for i, q in ipairs(queues) do
       task_rate = task_rate + alpha * (d_tasks / dt - task_rate)
       if d_tasks > 0 then known = 1 end
     end
-    -- Service time: the mean of this interval's tasks, each weighing a fifth (not per second:
-    -- a slow queue completes few tasks, and each says as much as one on a fast queue).
+    -- Service time: what one task takes served alone, as the lower envelope of recent tasks'
+    -- times: it falls at once to a quicker mean and rises slowly (a fiftieth per task) towards a
+    -- slower one, since tasks served together with many others take longer than one alone. (An
+    -- EWMA learnt the loaded time, refused everything by it, and, with nothing admitted, never
+    -- saw a task to unlearn it.)
     local d_seconds = done_seconds - (tonumber(prev[7]) or 0)
     if d_tasks > 0 and d_seconds > 0 then
       local mean = d_seconds / d_tasks
-      if service == 0 then
+      if service == 0 or mean < service then
         service = mean
       else
-        service = service + (1 - 0.8 ^ d_tasks) * (mean - service)
+        service = service + (1 - 0.98 ^ d_tasks) * (mean - service)
       end
     end
   end

@@ -59,7 +59,7 @@ class QueueLoad:
     task_rate: float = 0.0  # tasks completed per second while busy (EWMA)
     known: bool = False  # a completion has been seen: the rate means something
     live_workers: int = 0  # workers with a fresh heartbeat on this queue
-    service_s: float = 0.0  # how long one task takes in a worker, pickup to answer (EWMA)
+    service_s: float = 0.0  # one task's time in a worker served alone (lower envelope of recent ones)
 
     @property
     def depth(self) -> int:

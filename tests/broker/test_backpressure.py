@@ -134,7 +134,7 @@ def test_service_rate_is_an_ewma_of_completions_while_busy(redis_url: str) -> No
     assert stalled.rate == pytest.approx(emptied.rate * (1 - alpha), rel=1e-3)
 
 
-def test_service_time_is_a_per_task_ewma_and_bounds_the_prediction(redis_url: str) -> None:
+def test_service_time_follows_the_quickest_tasks_and_bounds_the_prediction(redis_url: str) -> None:
     queue = f"bp-{uuid.uuid4().hex[:8]}"
     keys = Keys(f"ragline-test-{uuid.uuid4().hex[:8]}")
     sync = redis.Redis.from_url(redis_url)
@@ -142,7 +142,8 @@ def test_service_time_is_a_per_task_ewma_and_bounds_the_prediction(redis_url: st
     async def scenario() -> list[QueueLoad]:
         monitor = _monitor(redis_url, keys, (queue,), tau_s=1.0)
         seen = []
-        for ms, tasks in ((1_000_000, []), (1_001_000, [2.0]), (1_002_000, [4.0, 4.0])):
+        steps = ((1_000_000, []), (1_001_000, [2.0]), (1_002_000, [4.0, 4.0]), (1_003_000, [1.0]))
+        for ms, tasks in steps:
             pipe = sync.pipeline()
             for seconds in tasks:
                 count_done(pipe, keys, queue, 1, seconds)
@@ -151,9 +152,10 @@ def test_service_time_is_a_per_task_ewma_and_bounds_the_prediction(redis_url: st
             seen.append((await monitor.refresh(now_ms=ms)).load(queue))
         return seen
 
-    _, first, second = asyncio.run(scenario())
+    _, first, slower, quicker = asyncio.run(scenario())
     assert first.service_s == pytest.approx(2.0, rel=1e-3)  # the first completion sets it
-    assert second.service_s == pytest.approx(2.0 + (1 - 0.8**2) * 2.0, rel=1e-3)  # two tasks of 4 s
+    assert slower.service_s == pytest.approx(2.0 + (1 - 0.98**2) * 2.0, rel=1e-3)  # slowly up
+    assert quicker.service_s == pytest.approx(1.0, rel=1e-3)  # at once down
     # A batching worker finishes tasks faster than it serves any one: never predict less than one.
     fast = QueueLoad("q", in_flight=1, rate=2.0, task_rate=2.0, known=True, service_s=3.0)
     assert fast.predicted_wait_s() == pytest.approx(3.0)
