@@ -3,9 +3,10 @@
 A hit is one Redis round trip and a few microseconds of our own work, but FastAPI's routing,
 dependency solving and response handling around it cost more than that. This middleware sits
 inside the door (request id, API key, rate limits are already applied) and answers a request
-whose body validates and whose answer is cached; anything else (a miss, a body that does not
-validate, a deadline header, a Redis error) goes on to the route untouched, which answers it
-exactly as before. Misses pay one extra lookup (~0.1 ms next to a retrieval's tens of ms).
+whose body validates and whose answer is cached. On a miss it hands the route what it learnt
+(the admission decision and the lookup, which claimed the computation when admitted), so a miss
+costs no second lookup. Anything else (a body that does not validate or is not JSON, a deadline
+header, an unknown index, a Redis error) goes on to the route untouched, which answers it in full.
 """
 
 from __future__ import annotations
@@ -33,12 +34,14 @@ class CachedAnswers:
         started = time.perf_counter()
         messages, body = await _read_body(receive, self.max_body_bytes)
         replay = _replaying(messages, receive)
-        if body is None or any(name == b"x-request-deadline-ms" for name, _ in scope["headers"]):
+        if body is None or not _plain_json(scope["headers"]):
             await self.app(scope, replay, send)
             return
         service = scope["app"].state.query_service
         answer = await service.cached_answer(body, scope["state"]["request_id"])
-        if answer is None:
+        if not isinstance(answer, bytes):
+            if answer is not None:
+                scope["state"]["cache_probe"] = answer
             await self.app(scope, replay, send)
             return
         scope["route"] = self._query_route(scope)  # the request counter labels by route
@@ -63,6 +66,19 @@ class CachedAnswers:
                 if getattr(r, "path", None) == _PATH and "POST" in getattr(r, "methods", ())
             )
         return self._route
+
+
+def _plain_json(headers: list[tuple[bytes, bytes]]) -> bool:
+    """A body the framework would read as JSON (a */json or */*+json content type, required) and
+    no deadline header."""
+    json_body = False
+    for name, value in headers:
+        if name == b"x-request-deadline-ms":
+            return False
+        if name == b"content-type":
+            subtype = value.split(b";", 1)[0].strip().lower().partition(b"/")[2]
+            json_body = subtype == b"json" or subtype.endswith(b"+json")
+    return json_body
 
 
 async def _read_body(receive: Receive, limit: int) -> tuple[list[Message], bytes | None]:

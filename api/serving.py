@@ -52,6 +52,17 @@ def _bounded(name: str, value: int | None, upper: int) -> int | None:
 
 
 @dataclass(frozen=True, slots=True)
+class Probe:
+    """What the hit path learnt of a request it could not answer from the cache: the route goes
+    on from here instead of validating, deciding and looking it up again."""
+
+    admitted: Admitted
+    decision: Decision
+    found: Lookup
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
 class StreamPlan:
     """What a stream request got: a cached answer's JSON, or an enqueued request; maybe degraded."""
 
@@ -192,18 +203,20 @@ class QueryService:
             metrics.CACHE_MISSES.labels("result").inc()
         return found, found.key(self._keys, a.index, digest)
 
-    async def cached_answer(self, raw: bytes, request_id: str) -> bytes | None:
-        """The cached response for this JSON body, or None for anything but a plain hit (the
-        caller then serves the request in full, which validates, counts and computes it)."""
+    async def cached_answer(self, raw: bytes, request_id: str) -> bytes | Probe | None:
+        """The cached response for this JSON body; else what the route needs to go on (the
+        admission decision and the lookup, which claimed the computation when admitted); None
+        when the body is not a plain valid request (the route answers it in full)."""
         try:
-            a = self.admit(QueryRequest.model_validate_json(raw))
-            found = await self._cache.lookup(a.index, self._digest(a))
-        except Exception:  # invalid body, Redis trouble: the full path answers and reports it
+            req = QueryRequest.model_validate_json(raw)
+            a = self.admit(req)
+            decision = self._decide(a, req, None)
+            found, key = await self.lookup(a, request_id, single_flight=decision.action is Action.ADMIT)
+        except Exception:  # invalid body, unknown index, Redis trouble: the route reports it
             return None
-        if found.outcome is not Outcome.HIT:
-            return None
-        metrics.CACHE_HITS.labels("result").inc()
-        return _splice(request_id, found.body)
+        if found.outcome is Outcome.HIT:
+            return _splice(request_id, found.body)
+        return Probe(a, decision, found, key)
 
     async def _publish_batch(self, items: list[dict[str, Any]]) -> None:
         loop = asyncio.get_running_loop()
@@ -282,7 +295,12 @@ class QueryService:
         return self._admission.decide(a.mode, allow_degraded=req.allow_degraded, deadline_s=deadline)
 
     async def answer(
-        self, request_id: str, req: QueryRequest, *, deadline_s: float | None = None
+        self,
+        request_id: str,
+        req: QueryRequest,
+        *,
+        deadline_s: float | None = None,
+        probe: Probe | None = None,
     ) -> QueryResponse | bytes:
         """A full response, or the cached response's JSON bytes (spliced with this request's id).
 
@@ -290,12 +308,18 @@ class QueryService:
         it is applied after the cache: a hit is served whatever the load, since it touches no queue.
         """
         started = time.perf_counter()
-        a = self.admit(req)
-        decision = self._decide(a, req, deadline_s)
+        if probe is not None:  # the hit path already validated, decided and looked it up
+            a, decision = probe.admitted, probe.decision
+        else:
+            a = self.admit(req)
+            decision = self._decide(a, req, deadline_s)
         if decision.action is Action.ADMIT:
-            return await self._serve(request_id, a, started)
+            return await self._serve(request_id, a, started, prior=probe)
         # Overloaded: look the answer up without claiming its computation (single flight).
-        found, _key = await self.lookup(a, request_id, single_flight=False)
+        if probe is not None:
+            found = probe.found
+        else:
+            found, _key = await self.lookup(a, request_id, single_flight=False)
         if found.outcome is Outcome.HIT:
             return _splice(request_id, found.body)
         if decision.action is Action.REJECT:
@@ -303,9 +327,18 @@ class QueryService:
         return await self._serve(request_id, replace(a, mode="retrieval"), started, degraded=decision)
 
     async def _serve(
-        self, request_id: str, a: Admitted, started: float, *, degraded: Decision | None = None
+        self,
+        request_id: str,
+        a: Admitted,
+        started: float,
+        *,
+        degraded: Decision | None = None,
+        prior: Probe | None = None,
     ) -> QueryResponse | bytes:
-        found, key = await self.lookup(a, request_id, single_flight=True)
+        if prior is not None:
+            found, key = prior.found, prior.key
+        else:
+            found, key = await self.lookup(a, request_id, single_flight=True)
         if found.outcome is Outcome.HIT:
             if degraded is None:
                 return _splice(request_id, found.body)
@@ -313,9 +346,9 @@ class QueryService:
             return hit.model_copy(update=degraded_fields(degraded))
         source_id = found.leader if found.outcome is Outcome.FOLLOW else request_id
         leading = found.outcome is Outcome.LEAD
-        if found.outcome is not Outcome.FOLLOW:
-            await self.enqueue(request_id, a, index_version=found.version, degraded=degraded)
         try:
+            if found.outcome is not Outcome.FOLLOW:
+                await self.enqueue(request_id, a, index_version=found.version, degraded=degraded)
             response, version = await self._collect(
                 request_id, source_id, started, settle=source_id == request_id
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from collections.abc import Iterator
@@ -10,6 +11,8 @@ from contextlib import contextmanager
 import httpx
 import pytest
 import redis
+
+from broker.result_cache import _LOOKUP
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -30,9 +33,9 @@ def parse_sse(lines: Iterator[str]) -> Iterator[tuple[str | None, str, dict]]:
 
 
 @contextmanager
-def pushed_queues(redis_url: str) -> Iterator[list[str]]:
-    """Record every queue that gets a message pushed, with Redis MONITOR."""
-    pushed: list[str] = []
+def commands_seen(redis_url: str) -> Iterator[list[str]]:
+    """Record every command this test database receives, with Redis MONITOR."""
+    seen: list[str] = []
     client = redis.Redis.from_url(redis_url)
     ready = threading.Event()
 
@@ -43,20 +46,28 @@ def pushed_queues(redis_url: str) -> Iterator[list[str]]:
             ready.set()
             for cmd in monitor.listen():
                 command = cmd["command"]
-                # MONITOR sees every database of the server: count this one's pushes only.
-                if cmd.get("db") == db and command.upper().startswith(("LPUSH", "RPUSH")):
-                    pushed.append(command.split()[1])
                 if "ragline-monitor-stop" in command:  # the sentinel: everything before it was seen
                     return
+                if cmd.get("db") == db:  # MONITOR sees every database of the server
+                    seen.append(command)
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     ready.wait(5)
     try:
-        yield pushed
+        yield seen
     finally:
         client.get("ragline-monitor-stop")
         thread.join(5)
+
+
+@contextmanager
+def pushed_queues(redis_url: str) -> Iterator[list[str]]:
+    """Record every queue that gets a message pushed."""
+    pushed: list[str] = []
+    with commands_seen(redis_url) as seen:
+        yield pushed
+    pushed += [c.split()[1] for c in seen if c.upper().startswith(("LPUSH", "RPUSH"))]
 
 
 def test_rag_query_answers_from_the_planted_fact_and_cites_it(
@@ -189,10 +200,21 @@ def test_cache_hit_path_keeps_the_request_id_and_every_check(client: httpx.Clien
         ).status_code
         == 400
     )
+    as_text = client.post("/v1/query", content=json.dumps(body), headers={"Content-Type": "text/plain"})
+    assert as_text.status_code == 422  # the route reads only JSON bodies, and so does the hit path
     with_deadline = client.post("/v1/query", json=body, headers={"X-Request-Deadline-Ms": "5000"})
     assert with_deadline.status_code == 200 and with_deadline.json()["cached"] is True
     metrics = client.get("/metrics").text
     assert 'ragline_requests_total{endpoint="/v1/query",status="200"}' in metrics.replace(", ", ",")
+
+
+def test_a_cold_query_is_looked_up_once(client: httpx.Client, workers, redis_url: str) -> None:
+    lookup = hashlib.sha1(_LOOKUP.encode()).hexdigest()
+    with commands_seen(redis_url) as seen:
+        body = {"query": "Who founded the Vellmar library?", "mode": "retrieval"}
+        reply = client.post("/v1/query", json=body)
+    assert reply.status_code == 200 and reply.json()["cached"] is False
+    assert sum(lookup in c for c in seen) == 1  # the hit path's lookup, handed on to the route
 
 
 def test_disconnect_aborts_generation_within_a_second(api, workers, redis_url: str) -> None:
