@@ -4,8 +4,9 @@ Per queue, from Redis as kombu lays it out (see ARCHITECTURE.md): the waiting de
 LLEN over the queue's priority lists, the in-flight count is that queue's entries in kombu's
 ``unacked`` hash (prefetch is 1, so that is what the workers hold, running or about to), and the
 true depth is both. The service rate is an exponentially weighted rate of completions, fed by the
-workers' ``done`` counters. By Little's law a new request has its answer after about
-(depth + 1) / rate: the work ahead of it, then its own.
+workers' ``done`` counters, which also carry each task's time in the worker. By Little's law a
+new request has its answer after about (depth + 1) / rate, the work ahead of it and then its
+own, but never sooner than one task alone takes (see :meth:`QueueLoad.predicted_wait_s`).
 
 Measuring costs one Lua script (``backpressure.lua``) and is done at most every
 ``backpressure_refresh_ms`` across all API processes: the script takes a short lease, and the one
