@@ -101,7 +101,7 @@ class QueryService:
             max_entries=settings.result_cache_max_entries,
             single_flight_ttl_s=settings.single_flight_ttl_s,
         )
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[object]] = set()
         # kombu's publish is blocking I/O: keep it off the event loop.
         self._publish_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="publish")
         self._coalescer = Coalescer(
@@ -117,9 +117,7 @@ class QueryService:
         count, counted_at = self._workers_seen
         if time.monotonic() - counted_at > 1.0:
             self._workers_seen = (count, time.monotonic())
-            task = asyncio.get_running_loop().create_task(self._count_workers())
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._spawn(self._count_workers())
         return count
 
     async def _count_workers(self) -> None:
@@ -131,6 +129,12 @@ class QueryService:
                 )
             self._workers_seen = (max(1, counts[RETRIEVAL_QUEUE]), time.monotonic())
 
+    def _spawn(self, work: Coroutine[Any, Any, object]) -> None:
+        """Run ``work`` in the background, holding a reference until it is done."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     def _soon(self, work: Coroutine[Any, Any, object]) -> None:
         """Run ``work`` in the background, bounded by the Redis timeout; a failure is logged."""
 
@@ -141,17 +145,11 @@ class QueryService:
             except Exception:
                 log.warning("background cache write failed", exc_info=True)
 
-        task = asyncio.get_running_loop().create_task(bounded())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._spawn(bounded())
 
     def cancel_soon(self, request_id: str) -> None:
         """Flag ``request_id`` cancelled without awaiting (callable from a closing generator)."""
-        task = asyncio.get_running_loop().create_task(
-            arequest_cancel(self._redis, self._keys, request_id, ttl_s=self._settings.cancel_ttl_s)
-        )
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._spawn(arequest_cancel(self._redis, self._keys, request_id, ttl_s=self._settings.cancel_ttl_s))
 
     def close(self) -> None:
         self._publish_pool.shutdown(wait=False, cancel_futures=True)
