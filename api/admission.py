@@ -52,7 +52,7 @@ class Admission:
         # Requests this process admitted since the snapshot it decides on was taken: the snapshot
         # is up to ~50 ms old, and a burst inside that window must not all see the same queue.
         self._local_at = -1
-        self._local = {RETRIEVAL_QUEUE: 0, GENERATION_QUEUE: 0}
+        self._local_retrievals = 0
         # RAG requests admitted here that have not reached the generation queue yet: they wait
         # in the coalescer or in retrieval, invisible to generation's depth, and will be there
         # within a retrieval's time. Forgotten after the request timeout (an async job's
@@ -71,11 +71,12 @@ class Admission:
             return self._s.retry_after_max_s
         return int(min(self._s.retry_after_max_s, max(1, math.ceil(wait_s - deadline_s))))
 
-    def _extra(self, at_ms: int) -> dict[str, int]:
+    def _retrievals_since(self, at_ms: int) -> int:
+        """Requests this process sent to retrieval since the snapshot taken at ``at_ms``."""
         if at_ms != self._local_at:
             self._local_at = at_ms
-            self._local = {RETRIEVAL_QUEUE: 0, GENERATION_QUEUE: 0}
-        return self._local
+            self._local_retrievals = 0
+        return self._local_retrievals
 
     def decide(self, mode: str, *, allow_degraded: bool, deadline_s: float) -> Decision:
         s = self._s
@@ -85,9 +86,8 @@ class Admission:
         snapshot = monitor.snapshot
         if snapshot is None or monitor.age_s() > s.backpressure_stale_s:
             return ADMIT  # fail open: without a measurement, refusing would turn a Redis blip into an outage
-        extra = self._extra(snapshot.at_ms)
         retrieval, generation = snapshot.load(RETRIEVAL_QUEUE), snapshot.load(GENERATION_QUEUE)
-        wait_r = retrieval.predicted_wait_s(extra[RETRIEVAL_QUEUE])
+        wait_r = retrieval.predicted_wait_s(self._retrievals_since(snapshot.at_ms))
         retrieval_full = 0 < s.max_depth_retrieval <= retrieval.depth
         if retrieval_full or wait_r > deadline_s:
             reason = "retrieval_queue_full" if retrieval_full else "retrieval_busy"
@@ -126,7 +126,7 @@ class Admission:
             self._in_transit[request_id] = time.monotonic()
         snapshot = self._monitor.snapshot if self._monitor else None
         if snapshot is not None:
-            self._extra(snapshot.at_ms)[RETRIEVAL_QUEUE] += 1
+            self._local_retrievals = self._retrievals_since(snapshot.at_ms) + 1
 
     def retrieved(self, request_id: str) -> None:
         """The request's retrieval answered: it is on the generation queue now (or done)."""
