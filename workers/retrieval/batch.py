@@ -30,7 +30,7 @@ class Retrieved:
     events: list[Event]
     to_generate: list[dict[str, Any]]
     # The embedding-cache write, for after the answers are out (it is not on their path).
-    write_cache: Callable[[], None] = lambda: None
+    write_cache: Callable[[], None]
 
 
 class BatchRetriever:
