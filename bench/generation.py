@@ -32,7 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.env import settings_env
 from broker.settings import Settings
+from ragline.processes import free_port
 
 CONCURRENCY = (1, 8, 32)
 DOCS = Path("/usr/share/doc/python3.11/html/_sources")
@@ -218,14 +220,6 @@ async def _via_worker(settings: Settings, requests: list[tuple[str, list[dict]]]
     return tokens, wall, ttft, e2e
 
 
-def _env(settings: Settings) -> dict[str, str]:
-    env = dict(os.environ)
-    for name, value in settings.model_dump().items():
-        env[f"RAGLINE_{name.upper()}"] = str(value)
-    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    return env
-
-
 def _wait_live(settings: Settings, queue: str, procs: list[subprocess.Popen], timeout: float = 600) -> None:
     import redis
 
@@ -324,8 +318,8 @@ def main() -> int:
     from workers.retrieval.ingest import ingest
 
     ingest(settings, [DOCS / "faq"], index_name=FAQ_INDEX, progress=False)
-    port = _free_port()
-    env = _env(settings.model_copy(update={"api_port": port}))
+    port = free_port()
+    env = settings_env(settings.model_copy(update={"api_port": port}))
     gen = _start([sys.executable, "-m", "ragline", "worker", "generation"], env)
     ret = _start([sys.executable, "-m", "ragline", "worker", "retrieval"], env)
     api = _start([sys.executable, "-m", "ragline", "api"], env)
@@ -341,14 +335,6 @@ def main() -> int:
     finally:
         _stop([api, ret, gen])
     return report(rows, lone, args.out)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def report(rows: list[dict], lone: list[float], out: Path) -> int:

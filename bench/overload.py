@@ -45,6 +45,7 @@ from typing import Any
 import httpx
 import redis
 
+from bench.env import settings_env
 from bench.openloop import Sample, open_loop, percentile, sequential
 from broker import apikeys, indexes
 from broker.backpressure import priority_lists
@@ -55,14 +56,6 @@ from ragline import processes
 
 INDEX = "overload"
 SHARES = [0.4, 0.2, 0.2, 0.2]  # key 0 is the greedy client
-
-
-def _env(settings: Settings, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    for name, value in settings.model_dump().items():
-        env[f"RAGLINE_{name.upper()}"] = json.dumps(value) if isinstance(value, list | dict) else str(value)
-    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", **extra)
-    return env
 
 
 @dataclass
@@ -117,14 +110,16 @@ class Stack:
     def start_workers(self, nice_generation: int) -> None:
         s = self.settings
         nice_retrieval = max(0, nice_generation // 2)
-        self.start("retrieval", processes.worker_command("retrieval", s), _env(s), nice=nice_retrieval)
-        env = processes.child_env(s, kind="generation") | _env(s)
+        self.start(
+            "retrieval", processes.worker_command("retrieval", s), settings_env(s), nice=nice_retrieval
+        )
+        env = processes.child_env(s, kind="generation") | settings_env(s)
         self.start("generation", processes.worker_command("generation", s), env, nice=nice_generation)
 
     def start_api(self, *, admission: bool) -> str:
         s = self.settings
         port = processes.free_port()
-        env = _env(
+        env = settings_env(
             s.model_copy(
                 update={"api_port": port, "admission_enabled": admission, "rate_limit_enabled": admission}
             )

@@ -28,28 +28,14 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from bench.env import settings_env
 from bench.loadgen import LoadResult, escape_query, run_wrk
 from broker.settings import Settings
+from ragline.processes import free_port
 
 CONCURRENCY = (1, 16, 64)
 DEFAULT_DOCS = Path("/usr/share/doc/python3.11/html/_sources")
 INDEX = "pydocs"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _env(settings: Settings, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    for name, value in settings.model_dump().items():
-        env[f"RAGLINE_{name.upper()}"] = str(value)
-    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **extra)
-    return env
 
 
 @dataclass
@@ -292,11 +278,11 @@ def measure_reference(
     kind: str, settings: Settings, queries: list[str], *, unique: bool, duration: float
 ) -> list[LoadResult]:
     """Start one of bench/servers.py's servers, load it at each concurrency, stop it."""
-    port = _free_port()
+    port = free_port()
     print(f"{kind} server", flush=True)
     server = _start(
         [[sys.executable, "-m", "bench.servers", kind, "--port", str(port)]],
-        _env(settings),
+        settings_env(settings),
         f"http://127.0.0.1:{port}",
         {"query": "warm up"},
     )
@@ -343,11 +329,11 @@ def main() -> int:
 
     results["naive"] = measure_reference("naive", settings, queries, unique=True, duration=args.duration)
 
-    port = _free_port()
+    port = free_port()
     print("ragline (API + retrieval worker)", flush=True)
     # Its own key prefix: the result and embedding caches start empty (cold), whatever earlier runs left.
     prefix = fresh_prefix(settings)
-    env = _env(settings.model_copy(update={"api_port": port, "key_prefix": prefix}))
+    env = settings_env(settings.model_copy(update={"api_port": port, "key_prefix": prefix}))
     ragline = _start(
         [[sys.executable, "-m", "ragline", "worker", "retrieval"], [sys.executable, "-m", "ragline", "api"]],
         env,

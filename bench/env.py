@@ -1,0 +1,18 @@
+"""The environment a benchmark gives the ragline processes it starts: its Settings, as RAGLINE_ variables."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from broker.settings import Settings
+
+
+def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """This process's environment plus every setting (lists and dicts as JSON, as
+    pydantic-settings reads them)."""
+    env = dict(os.environ)
+    for name, value in settings.model_dump().items():
+        env[f"RAGLINE_{name.upper()}"] = json.dumps(value) if isinstance(value, list | dict) else str(value)
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", **extra)
+    return env
