@@ -19,6 +19,7 @@ from broker.backpressure import count_done
 from broker.keys import Keys
 
 if TYPE_CHECKING:
+    from broker.event_batcher import BatchedStream
     from broker.jobs import JobTracker
 
 EventType = Literal["sources", "token", "done", "error"]
@@ -38,6 +39,10 @@ class EventWriter:
     With a ``job`` tracker (the request is an async job) the events also drive the job record:
     ``sources`` moves it to ``generating``, and the final event is appended by the tracker in the
     same atomic step that finishes the job.
+
+    With a ``batch`` (a generation worker's :class:`~broker.event_batcher.EventBatcher` stream)
+    token events go through the process's batcher instead of a round trip each; any other event
+    waits until the tokens before it are written, so it lands after them.
     """
 
     def __init__(
@@ -49,6 +54,8 @@ class EventWriter:
         ttl_s: int,
         maxlen: int,
         job: JobTracker | None = None,
+        batch: BatchedStream | None = None,
+        flush_timeout_s: float = 10.0,
     ) -> None:
         self._client = client
         self._keys = keys
@@ -56,7 +63,14 @@ class EventWriter:
         self._ttl_s = ttl_s
         self._maxlen = maxlen
         self._job = job
+        self._batch = batch
+        self._flush_timeout_s = flush_timeout_s
         self._expiry_set = False
+
+    @property
+    def cancelled(self) -> bool:
+        """The request was cancelled, as last seen by the batcher (False without one)."""
+        return self._batch is not None and self._batch.cancelled
 
     def start(self, stage: str) -> bool:
         """A task begins ``stage`` of the request; False when the request already finished (a
@@ -70,6 +84,11 @@ class EventWriter:
     ) -> None:
         """Append one event; ``completes`` names the queue whose task this event finishes, after
         ``service_s`` in the worker (the backpressure monitor counts it, in the same round trip)."""
+        if self._batch is not None:
+            if type_ == "token":
+                self._batch.append(type_, data)
+                return
+            self._batch.flush(timeout_s=self._flush_timeout_s)
         if self._job is not None:
             if type_ in FINAL_EVENTS:
                 self._job.finish(self._key, type_, data, stream_ttl_s=self._ttl_s, maxlen=self._maxlen)

@@ -14,8 +14,8 @@ from celery.exceptions import Reject
 from celery.signals import worker_init, worker_shutdown
 
 from broker import jobs, metrics
-from broker.cancel import CancelCheck
 from broker.celery_app import create_celery
+from broker.event_batcher import EventBatcher
 from broker.events import EventWriter
 from broker.keys import Keys
 from broker.queues import GENERATE_TASK, GENERATION_QUEUE
@@ -36,13 +36,21 @@ heartbeat.install(app, GENERATION_QUEUE, settings)
 
 _engine: EngineHost | TransformersEngine | None = None
 _tokenizer: Any = None
+_batcher: EventBatcher | None = None
 
 
 @worker_init.connect(weak=False)
 def _start_engine(**_: object) -> None:
     """Build the engine before the worker consumes, so readiness means able to generate."""
-    global _engine, _tokenizer
+    global _engine, _tokenizer, _batcher
     from transformers import AutoTokenizer
+
+    _batcher = EventBatcher(
+        sync_client(settings),
+        keys,
+        ttl_s=settings.event_stream_ttl_s,
+        maxlen=settings.event_stream_maxlen,
+    )
 
     _tokenizer = AutoTokenizer.from_pretrained(generation_model_path(settings))
     _engine = TransformersEngine(settings) if settings.engine == "transformers" else EngineHost(settings)
@@ -53,6 +61,8 @@ def _start_engine(**_: object) -> None:
 def _stop_engine(**_: object) -> None:
     if _engine is not None:
         _engine.shutdown()
+    if _batcher is not None:
+        _batcher.close()
 
 
 @app.task(name=GENERATE_TASK)
@@ -75,6 +85,8 @@ def generate(
         ttl_s=settings.event_stream_ttl_s,
         maxlen=settings.event_stream_maxlen,
         job=jobs.tracker(client, settings, job_id),
+        batch=_batcher.stream(request_id) if _batcher is not None else None,
+        flush_timeout_s=2 * settings.redis_socket_timeout_s + 1,
     )
     if not writer.start("generating"):
         return
@@ -91,7 +103,6 @@ def generate(
     pieces: list[str] = []
     first_token_ms: float | None = None
     completion_tokens = 0
-    cancelled = CancelCheck(client, keys, request_id)
     try:
         stream = _engine.stream(
             request_id,
@@ -100,7 +111,7 @@ def generate(
             timeout_s=settings.generation_timeout_s,
         )
         for delta in stream:
-            if cancelled():
+            if writer.cancelled:
                 stream.close()  # aborts the request in the engine
                 writer.emit("error", {"status": jobs.CANCELLED_STATUS, "message": "cancelled"})
                 return
