@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -482,7 +483,17 @@ def report(
         f"server side, admission on: {counts.get(RETRIEVAL_QUEUE, 0)} retrievals completed for "
         f"{on.accepted} accepted; {counts.get(GENERATION_QUEUE, 0)} generations for {full_on} full answers"
     )
+    rej = sorted((s for s in on.samples if s.outcome in ("429", "503")), key=lambda s: s.latency)
+    if rej:
+        rej_p50 = percentile([s.latency for s in rej], 50)
+        print(
+            f"rejections, admission on: {len(rej)}; P50 {rej_p50 * 1000:.1f} ms, "
+            "slowest: "
+            + ", ".join(f"{s.latency * 1000:.1f} ms ({s.status} at {s.sent:.1f} s)" for s in rej[-5:][::-1])
+        )
     args.out.mkdir(parents=True, exist_ok=True)
+    samples = {run.name: [dataclasses.asdict(s) for s in run.samples] for run in runs}
+    (args.out / "overload_samples.json").write_text(json.dumps(samples))
     print(f"plot: {plot(runs, unloaded_p99, slo_s, args.out)}")
     accepted = on.latencies("full", "degraded")
     result = {
