@@ -14,6 +14,8 @@ from bench.openloop import _weighted, open_loop, percentile
 
 
 class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: the generator reuses its connections
+
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         i = body["i"]
@@ -64,3 +66,29 @@ def test_weighted_keys_and_percentiles() -> None:
     assert _weighted([0.4, 0.2, 0.2, 0.2], 10).count(0) == 4
     assert percentile([1, 2, 3, 4], 50) == 2 and percentile([1, 2, 3, 4], 99) == 4
     assert percentile(list(range(1, 101)), 99) == 99
+
+
+class _ClosingHandler(_Handler):
+    """Says keep-alive (HTTP/1.1, no Connection: close) but closes after each answer, as a server
+    does with a connection idle past its timeout."""
+
+    def do_POST(self) -> None:
+        super().do_POST()
+        self.close_connection = True
+
+
+def test_a_connection_the_server_closed_is_replaced_not_counted_as_an_error() -> None:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _ClosingHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        samples = open_loop(
+            f"http://127.0.0.1:{httpd.server_address[1]}/v1/query",
+            rate=10,
+            duration_s=0.5,
+            body=lambda i: {"i": 5 * i},  # fast, 200, not degraded
+            headers=[{}],
+            timeout_s=5,
+        )
+    finally:
+        httpd.shutdown()
+    assert [s.status for s in samples] == [200] * 5
