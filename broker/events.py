@@ -129,8 +129,12 @@ def emit_many(
 
     ``completes`` = (queue, requests, seconds in the worker): the task these events finish,
     counted for the backpressure monitor in the same round trip.
+
+    As one transaction: Redis answers a reader blocked on a stream after each command outside
+    one, so a request's ``sources`` would reach its reader alone and its ``done`` take a second
+    read; after EXEC every reader gets all of its events at once.
     """
-    pipe = client.pipeline(transaction=False)
+    pipe = client.pipeline(transaction=True)
     for request_id, type_, data in events:
         key = keys.events(request_id)
         pipe.xadd(key, {"type": type_, "data": json.dumps(data)}, maxlen=maxlen, approximate=True)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 import uuid
 
 import pytest
 import redis
 import redis.asyncio as aioredis
 
-from broker.events import EventTimeout, EventWriter, read_events
+from broker.events import EventTimeout, EventWriter, emit_many, read_events
 from broker.keys import Keys
 
 KEYS = Keys("ragline-test-events")
@@ -77,3 +79,29 @@ def test_stream_expires_from_its_first_event_and_again_from_its_last(redis_url: 
     w.emit("done", {"answer": "a"})
     assert client.ttl(key) > 30
     client.delete(key)
+
+
+def test_a_batch_reaches_a_waiting_reader_whole(redis_url: str) -> None:
+    """Each request's sources and done arrive in one read (Redis would answer a blocked reader
+    after the first XADD of a plain pipeline)."""
+    client = redis.Redis.from_url(redis_url)
+    rid = uuid.uuid4().hex
+    first_read: list = []
+
+    def wait_for_events() -> None:
+        reader = redis.Redis.from_url(redis_url)
+        first_read.extend(reader.xread({KEYS.events(rid): "0-0"}, block=5000, count=256))
+
+    waiting = threading.Thread(target=wait_for_events)
+    waiting.start()
+    time.sleep(0.3)  # the reader is blocked by now
+    emit_many(
+        client,
+        KEYS,
+        [(rid, "sources", {"sources": []}), (rid, "done", {"answer": None})],
+        ttl_s=60,
+        maxlen=1000,
+    )
+    waiting.join(10)
+    [(_stream, entries)] = first_read
+    assert [fields[b"type"] for _id, fields in entries] == [b"sources", b"done"]
