@@ -12,6 +12,7 @@ import logging
 import time
 from typing import Any
 
+from celery import Task
 from celery.signals import worker_init
 
 from broker import indexes, jobs
@@ -77,13 +78,16 @@ def _job_writer(request_id: str, job_id: str) -> EventWriter:
     )
 
 
-@app.task(name=RETRIEVE_TASK)
-def retrieve(*, requests: list[dict[str, Any]]) -> None:
+@app.task(name=RETRIEVE_TASK, bind=True)
+def retrieve(self: Task, *, requests: list[dict[str, Any]]) -> None:
     picked_at = time.time()
     client = sync_client(settings)
-    # A redelivered batch (its worker died) skips the requests that already finished; a job
-    # also moves to `retrieving` here, or is skipped if it was cancelled.
-    done = finished(client, keys, [r["request_id"] for r in requests])
+    # A redelivered batch (its worker died, or stopped before it ran it) skips the requests that
+    # already finished; a first delivery has none (only the API sends batches), so it spends no
+    # round trip asking. A job also moves to `retrieving` here, or is skipped if it was cancelled.
+    done: set[str] = set()
+    if (self.request.delivery_info or {}).get("redelivered"):
+        done = finished(client, keys, [r["request_id"] for r in requests])
     writers = {
         r["request_id"]: _job_writer(r["request_id"], r["job_id"]) for r in requests if r.get("job_id")
     }
