@@ -18,8 +18,12 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
+def error_body(error: str, message: str, request_id: str | None) -> dict[str, str | None]:
+    return {"error": error, "message": message, "request_id": request_id}
+
+
 def _body(error: str, message: str, request: Request) -> dict[str, str | None]:
-    return {"error": error, "message": message, "request_id": getattr(request.state, "request_id", None)}
+    return error_body(error, message, getattr(request.state, "request_id", None))
 
 
 def _describe(errors: list[dict[str, object]]) -> str:

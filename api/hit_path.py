@@ -1,12 +1,13 @@
-"""The cache-hit path: ``POST /v1/query`` answered from the result cache below the framework.
+"""The fast path: a plain ``POST /v1/query`` answered below the framework.
 
 A hit is one Redis round trip and a few microseconds of our own work, but FastAPI's routing,
-dependency solving and response handling around it cost more than that. This middleware sits
-inside the door (request id, API key, rate limits are already applied) and answers a request
-whose body validates and whose answer is cached. On a miss it hands the route what it learnt
-(the admission decision and the lookup, which claimed the computation when admitted), so a miss
-costs no second lookup. Anything else (a body that does not validate or is not JSON, a deadline
-header, an unknown index, a Redis error) goes on to the route untouched, which answers it in full.
+dependency solving and response handling around it cost more than that; on a miss they cost
+about as much as the API's own part of the work. This middleware sits inside the door (request
+id, API key, rate limits are already applied) and answers a request whose body validates: from
+the cache, or on a miss from what the lookup learnt (the admission decision, and the claim on
+the computation when admitted), so a request is looked up once. Its errors have the route's
+shape. Anything else (a body that does not validate or is not JSON, a deadline header, an
+unknown index, a Redis error at lookup) goes on to the route untouched, which answers it in full.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.errors import ApiError, error_body
+from api.serving import Probe
 from broker import metrics
 
 _PATH = "/v1/query"
@@ -38,13 +42,22 @@ class CachedAnswers:
             await self.app(scope, replay, send)
             return
         service = scope["app"].state.query_service
-        answer = await service.cached_answer(body, scope["state"]["request_id"])
-        if not isinstance(answer, bytes):
-            if answer is not None:
-                scope["state"]["cache_probe"] = answer
+        request_id = scope["state"]["request_id"]
+        answer = await service.cached_answer(body, request_id)
+        if answer is None:
             await self.app(scope, replay, send)
             return
         scope["route"] = self._query_route(scope)  # the request counter labels by route
+        label = "cached"
+        if isinstance(answer, Probe):
+            label = answer.admitted.mode
+            try:
+                computed = await service.answer_probed(request_id, answer)
+            except ApiError as exc:
+                refusal = error_body(exc.error, exc.message, request_id)
+                await JSONResponse(refusal, status_code=exc.status, headers=exc.headers)(scope, replay, send)
+                return
+            answer = computed if isinstance(computed, bytes) else computed.model_dump_json().encode()
         await send(
             {
                 "type": "http.response.start",
@@ -56,7 +69,7 @@ class CachedAnswers:
             }
         )
         await send({"type": "http.response.body", "body": answer})
-        metrics.REQUEST_SECONDS.labels(_PATH, "cached").observe(time.perf_counter() - started)
+        metrics.REQUEST_SECONDS.labels(_PATH, label).observe(time.perf_counter() - started)
 
     def _query_route(self, scope: Scope) -> Any:
         if self._route is None:

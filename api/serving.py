@@ -53,8 +53,8 @@ def _bounded(name: str, value: int | None, upper: int) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class Probe:
-    """What the hit path learnt of a request it could not answer from the cache: the route goes
-    on from here instead of validating, deciding and looking it up again."""
+    """What the fast path learnt of a request it could not answer from the cache: it goes on
+    from here instead of validating, deciding and looking it up again."""
 
     admitted: Admitted
     decision: Decision
@@ -202,9 +202,9 @@ class QueryService:
         return found, found.key(self._keys, a.index, digest)
 
     async def cached_answer(self, raw: bytes, request_id: str) -> bytes | Probe | None:
-        """The cached response for this JSON body; else what the route needs to go on (the
-        admission decision and the lookup, which claimed the computation when admitted); None
-        when the body is not a plain valid request (the route answers it in full)."""
+        """The cached response for this JSON body; else what it takes to answer it (the admission
+        decision and the lookup, which claimed the computation when admitted); None when the body
+        is not a plain valid request (the route answers it in full)."""
         try:
             req = QueryRequest.model_validate_json(raw)
             a = self.admit(req)
@@ -293,24 +293,24 @@ class QueryService:
         return self._admission.decide(a.mode, allow_degraded=req.allow_degraded, deadline_s=deadline)
 
     async def answer(
-        self,
-        request_id: str,
-        req: QueryRequest,
-        *,
-        deadline_s: float | None = None,
-        probe: Probe | None = None,
+        self, request_id: str, req: QueryRequest, *, deadline_s: float | None = None
     ) -> QueryResponse | bytes:
         """A full response, or the cached response's JSON bytes (spliced with this request's id).
 
         The admission decision is taken first only because it is free (this process's snapshot);
         it is applied after the cache: a hit is served whatever the load, since it touches no queue.
         """
+        a = self.admit(req)
+        return await self._answer(request_id, a, self._decide(a, req, deadline_s), probe=None)
+
+    async def answer_probed(self, request_id: str, probe: Probe) -> QueryResponse | bytes:
+        """The answer to a request the hit path validated, decided and looked up (a miss)."""
+        return await self._answer(request_id, probe.admitted, probe.decision, probe=probe)
+
+    async def _answer(
+        self, request_id: str, a: Admitted, decision: Decision, *, probe: Probe | None
+    ) -> QueryResponse | bytes:
         started = time.perf_counter()
-        if probe is not None:  # the hit path already validated, decided and looked it up
-            a, decision = probe.admitted, probe.decision
-        else:
-            a = self.admit(req)
-            decision = self._decide(a, req, deadline_s)
         if decision.action is Action.ADMIT:
             return await self._serve(request_id, a, started, prior=probe)
         # Overloaded: look the answer up without claiming its computation (single flight).

@@ -54,10 +54,7 @@ async def query(
 ) -> QueryResponse | Response:
     started = time.perf_counter()
     answer = await _service(request).answer(
-        request.state.request_id,
-        body,
-        deadline_s=_deadline_s(request, deadline_ms),
-        probe=getattr(request.state, "cache_probe", None),
+        request.state.request_id, body, deadline_s=_deadline_s(request, deadline_ms)
     )
     metrics.REQUEST_SECONDS.labels("/v1/query", body.mode).observe(time.perf_counter() - started)
     if isinstance(answer, bytes):  # a cache hit, already JSON
