@@ -6,8 +6,9 @@ about as much as the API's own part of the work. This middleware sits inside the
 id, API key, rate limits are already applied) and answers a request whose body validates: from
 the cache, or on a miss from what the lookup learnt (the admission decision, and the claim on
 the computation when admitted), so a request is looked up once. Its errors have the route's
-shape. Anything else (a body that does not validate or is not JSON, a deadline header, an
-unknown index, a Redis error at lookup) goes on to the route untouched, which answers it in full.
+shape. Anything else (a body that does not validate or is not JSON, a malformed deadline
+header, an unknown index, a Redis error at lookup) goes on to the route untouched, which
+answers it in full.
 """
 
 from __future__ import annotations
@@ -38,12 +39,13 @@ class CachedAnswers:
         started = time.perf_counter()
         messages, body = await _read_body(receive, self.max_body_bytes)
         replay = _replaying(messages, receive)
-        if body is None or not _plain_json(scope["headers"]):
+        plain, deadline_ms = _plain_json(scope["headers"])
+        if body is None or not plain:
             await self.app(scope, replay, send)
             return
         service = scope["app"].state.query_service
         request_id = scope["state"]["request_id"]
-        answer = await service.cached_answer(body, request_id)
+        answer = await service.cached_answer(body, request_id, deadline_ms=deadline_ms)
         if answer is None:
             await self.app(scope, replay, send)
             return
@@ -81,17 +83,23 @@ class CachedAnswers:
         return self._route
 
 
-def _plain_json(headers: list[tuple[bytes, bytes]]) -> bool:
-    """A body the framework would read as JSON (a */json or */*+json content type, required) and
-    no deadline header."""
-    json_body = False
+_NOT_PLAIN = (False, None)
+
+
+def _plain_json(headers: list[tuple[bytes, bytes]]) -> tuple[bool, int | None]:
+    """Whether the framework would read the body as JSON (a */json or */*+json content type,
+    required), and the deadline header's value; not plain when that header is anything but one
+    positive integer (the route answers it, with a 422 where it is invalid)."""
+    json_body, deadline_ms = False, None
     for name, value in headers:
         if name == b"x-request-deadline-ms":
-            return False
-        if name == b"content-type":
+            if deadline_ms is not None or not value.isdigit() or int(value) < 1:
+                return _NOT_PLAIN
+            deadline_ms = int(value)
+        elif name == b"content-type":
             subtype = value.split(b";", 1)[0].strip().lower().partition(b"/")[2]
             json_body = subtype == b"json" or subtype.endswith(b"+json")
-    return json_body
+    return json_body, deadline_ms
 
 
 async def _read_body(receive: Receive, limit: int) -> tuple[list[Message], bytes | None]:

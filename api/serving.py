@@ -201,14 +201,16 @@ class QueryService:
             metrics.CACHE_MISSES.labels("result").inc()
         return found, found.key(self._keys, a.index, digest)
 
-    async def cached_answer(self, raw: bytes, request_id: str) -> bytes | Probe | None:
+    async def cached_answer(
+        self, raw: bytes, request_id: str, *, deadline_ms: int | None = None
+    ) -> bytes | Probe | None:
         """The cached response for this JSON body; else what it takes to answer it (the admission
         decision and the lookup, which claimed the computation when admitted); None when the body
         is not a plain valid request (the route answers it in full)."""
         try:
             req = QueryRequest.model_validate_json(raw)
             a = self.admit(req)
-            decision = self._decide(a, req, None)
+            decision = self._decide(a, req, self._admission.deadline_s(deadline_ms))
             found, key = await self.lookup(a, request_id, single_flight=decision.action is Action.ADMIT)
         except Exception:  # invalid body, unknown index, Redis trouble: the route reports it
             return None
