@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from api import errors
 from api.access import Access
 from api.admission import Admission
-from api.hit_path import CachedAnswers
+from api.fast_path import FastPath
 from api.middleware import RequestContext
 from api.routers import health, jobs, metrics, query
 from api.serving import QueryService
@@ -88,8 +88,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     errors.install(app)
 
-    # Added first, so it runs inside the door: keys and rate limits apply to cache hits too.
-    app.add_middleware(CachedAnswers, max_body_bytes=_MAX_BODY_BYTES)
+    # Added first, so it runs inside the door: keys and rate limits apply to the fast path too.
+    app.add_middleware(FastPath, max_body_bytes=_MAX_BODY_BYTES)
     app.add_middleware(RequestContext, max_body_bytes=_MAX_BODY_BYTES)
     app.include_router(query.router)
     app.include_router(jobs.router)

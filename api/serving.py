@@ -306,7 +306,7 @@ class QueryService:
         return await self._answer(request_id, a, self._decide(a, req, deadline_s), probe=None)
 
     async def answer_probed(self, request_id: str, probe: Probe) -> QueryResponse | bytes:
-        """The answer to a request the hit path validated, decided and looked up (a miss)."""
+        """The answer to a request the fast path validated, decided and looked up (a miss)."""
         return await self._answer(request_id, probe.admitted, probe.decision, probe=probe)
 
     async def _answer(

@@ -201,7 +201,7 @@ def test_cache_hit_path_keeps_the_request_id_and_every_check(client: httpx.Clien
         == 400
     )
     as_text = client.post("/v1/query", content=json.dumps(body), headers={"Content-Type": "text/plain"})
-    assert as_text.status_code == 422  # the route reads only JSON bodies, and so does the hit path
+    assert as_text.status_code == 422  # the route reads only JSON bodies, and so does the fast path
     with_deadline = client.post("/v1/query", json=body, headers={"X-Request-Deadline-Ms": "5000"})
     assert with_deadline.status_code == 200 and with_deadline.json()["cached"] is True
     metrics = client.get("/metrics").text
@@ -214,7 +214,7 @@ def test_a_cold_query_is_looked_up_once(client: httpx.Client, workers, redis_url
         body = {"query": "Who founded the Vellmar library?", "mode": "retrieval"}
         reply = client.post("/v1/query", json=body)
     assert reply.status_code == 200 and reply.json()["cached"] is False
-    assert sum(lookup in c for c in seen) == 1  # the hit path's lookup, handed on to the route
+    assert sum(lookup in c for c in seen) == 1  # one lookup, by the fast path, which then answers
 
 
 def test_disconnect_aborts_generation_within_a_second(api, workers, redis_url: str) -> None:

@@ -26,7 +26,7 @@ from broker import metrics
 _PATH = "/v1/query"
 
 
-class CachedAnswers:
+class FastPath:
     def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
