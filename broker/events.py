@@ -7,6 +7,7 @@ event published before the reader attaches is lost, and SSE clients resume with 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -16,11 +17,14 @@ import redis
 import redis.asyncio as aioredis
 
 from broker.backpressure import count_done
+from broker.event_batcher import StreamWriteError
 from broker.keys import Keys
 
 if TYPE_CHECKING:
     from broker.event_batcher import BatchedStream
     from broker.jobs import JobTracker
+
+log = logging.getLogger(__name__)
 
 EventType = Literal["sources", "token", "done", "error"]
 FINAL_EVENTS = frozenset({"done", "error"})
@@ -88,7 +92,14 @@ class EventWriter:
             if type_ == "token":
                 self._batch.append(type_, data)
                 return
-            self._batch.flush(timeout_s=self._flush_timeout_s)
+            try:
+                self._batch.flush(timeout_s=self._flush_timeout_s)
+            except StreamWriteError:
+                if type_ not in FINAL_EVENTS:
+                    raise
+                # Tokens were lost to a Redis error; how the request ended (the whole answer, or
+                # the error) must still reach the client: written directly, below.
+                log.warning("%s: tokens lost, writing the final event directly", self._key)
         if self._job is not None:
             if type_ in FINAL_EVENTS:
                 self._job.finish(self._key, type_, data, stream_ttl_s=self._ttl_s, maxlen=self._maxlen)

@@ -112,3 +112,16 @@ def test_a_failed_write_fails_its_requests_and_the_batcher_goes_on(redis_url: st
     other = batcher.stream(uuid.uuid4().hex)
     other.flush(timeout_s=5)  # nothing appended: nothing failed, and the thread still answers
     batcher.close()
+
+
+def test_after_a_failed_token_write_the_final_event_still_gets_through(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    down = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, socket_timeout=0.2)
+    batcher = EventBatcher(down, KEYS, ttl_s=60, maxlen=1000)
+    rid = uuid.uuid4().hex
+    writer = EventWriter(client, KEYS, rid, ttl_s=60, maxlen=1000, batch=batcher.stream(rid))
+    writer.emit("token", {"text": "lost"})
+    writer.emit("error", {"status": 500, "message": "generation failed"})  # straight to Redis
+    events = asyncio.run(_collect(redis_url, rid))
+    assert [e.type for e in events] == ["error"]
+    batcher.close()
