@@ -314,7 +314,7 @@ class QueryService:
     ) -> QueryResponse | bytes:
         started = time.perf_counter()
         if decision.action is Action.ADMIT:
-            return await self._serve(request_id, a, started, prior=probe)
+            return await self._serve(request_id, a, started, probe=probe)
         # Overloaded: look the answer up without claiming its computation (single flight).
         if probe is not None:
             found = probe.found
@@ -333,10 +333,10 @@ class QueryService:
         started: float,
         *,
         degraded: Decision | None = None,
-        prior: Probe | None = None,
+        probe: Probe | None = None,
     ) -> QueryResponse | bytes:
-        if prior is not None:
-            found, key = prior.found, prior.key
+        if probe is not None:
+            found, key = probe.found, probe.key
         else:
             found, key = await self.lookup(a, request_id, single_flight=True)
         if found.outcome is Outcome.HIT:

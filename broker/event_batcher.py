@@ -19,7 +19,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -45,17 +45,17 @@ class BatchedStream:
     expiry_set: bool = False
     next_cancel_check: float = 0.0
     cancelled: bool = False
-    error: BaseException | None = field(default=None)
+    error: BaseException | None = None
 
     def append(self, type_: str, data: dict[str, Any]) -> None:
         """Queue one event; never blocks. Raises if an earlier write of this request failed."""
         self._raise_if_failed()
-        self._batcher._queue.put((self, {"type": type_, "data": json.dumps(data)}))
+        self._batcher.put((self, {"type": type_, "data": json.dumps(data)}))
 
     def flush(self, *, timeout_s: float) -> None:
         """Wait until every event appended so far is in Redis; raise if one could not be written."""
         done = threading.Event()
-        self._batcher._queue.put(done)
+        self._batcher.put(done)
         if not done.wait(timeout_s):
             raise StreamWriteError(f"events of {self.key} not written within {timeout_s:.0f} s")
         self._raise_if_failed()
@@ -86,6 +86,10 @@ class EventBatcher:
 
     def stream(self, request_id: str) -> BatchedStream:
         return BatchedStream(self, self._keys.events(request_id), self._keys.cancel(request_id))
+
+    def put(self, item: Any) -> None:
+        """Hand the writer thread an event (a ``(stream, fields)`` pair) or a flush barrier."""
+        self._queue.put(item)
 
     def close(self, *, timeout_s: float = 5.0) -> None:
         """Write what is queued, then stop the thread."""
@@ -135,6 +139,6 @@ class EventBatcher:
                     stream.error = exc
             else:
                 for index, stream in checked:
-                    stream.cancelled = stream.cancelled or bool(replies[index])
+                    stream.cancelled = bool(replies[index])  # only asked while not cancelled
         for barrier in barriers:
             barrier.set()
