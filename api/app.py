@@ -77,7 +77,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             await app.state.monitor.stop()
-            app.state.query_service.close()
             await app.state.redis.aclose()
 
     app = FastAPI(

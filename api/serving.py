@@ -9,7 +9,6 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,6 +27,7 @@ from broker.normalize import query_digest
 from broker.queues import RETRIEVAL_QUEUE, RETRIEVE_TASK
 from broker.result_cache import Lookup, Outcome, ResultCache
 from broker.settings import Settings
+from broker.task_push import push, task_message
 
 _INDEX_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _ENQUEUE_TIMEOUT_S = 5.0
@@ -102,8 +102,6 @@ class QueryService:
             single_flight_ttl_s=settings.single_flight_ttl_s,
         )
         self._background: set[asyncio.Task[object]] = set()
-        # kombu's publish is blocking I/O: keep it off the event loop.
-        self._publish_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="publish")
         self._coalescer = Coalescer(
             self._publish_batch,
             window_s=settings.coalesce_window_ms / 1000,
@@ -150,9 +148,6 @@ class QueryService:
     def cancel_soon(self, request_id: str) -> None:
         """Flag ``request_id`` cancelled without awaiting (callable from a closing generator)."""
         self._spawn(arequest_cancel(self._redis, self._keys, request_id, ttl_s=self._settings.cancel_ttl_s))
-
-    def close(self) -> None:
-        self._publish_pool.shutdown(wait=False, cancel_futures=True)
 
     def admit(self, req: QueryRequest) -> Admitted:
         """Check the request beyond its types (no I/O)."""
@@ -219,12 +214,14 @@ class QueryService:
         return Probe(a, decision, found, key)
 
     async def _publish_batch(self, items: list[dict[str, Any]]) -> None:
-        loop = asyncio.get_running_loop()
-        publish = loop.run_in_executor(
-            self._publish_pool,
-            lambda: self._celery.send_task(RETRIEVE_TASK, kwargs={"requests": items}, queue=RETRIEVAL_QUEUE),
+        message = task_message(
+            self._celery,
+            RETRIEVE_TASK,
+            {"requests": items},
+            queue=RETRIEVAL_QUEUE,
+            kwargsrepr=f"{{'requests': <{len(items)} queries>}}",
         )
-        await asyncio.wait_for(publish, _ENQUEUE_TIMEOUT_S)
+        await asyncio.wait_for(push(self._redis, RETRIEVAL_QUEUE, message), _ENQUEUE_TIMEOUT_S)
 
     async def index_version(self, index: str) -> str:
         """The current version of ``index``, or 404 (for callers that skip the result cache)."""

@@ -1,0 +1,93 @@
+"""A task pushed from asyncio is the message Celery's own publish writes, and kombu consumes it."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from kombu import Connection, Consumer, Queue
+
+from broker.celery_app import create_celery
+from broker.settings import Settings
+from broker.task_push import push, task_message
+
+_KWARGS = {"requests": [{"request_id": "r1", "query": "what is asyncio?", "top_k": 5}]}
+# Per message (ids, the sender, the tag) or chosen by the caller (the arguments' stand-in).
+_PER_MESSAGE_HEADERS = {"id", "root_id", "origin", "kwargsrepr"}
+_PER_MESSAGE_PROPERTIES = {"correlation_id", "reply_to", "delivery_tag"}
+
+
+def _pushed(redis_url: str, queue: str, message: bytes) -> None:
+    async def go() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            await push(client, queue, message)
+        finally:
+            await client.aclose()
+
+    asyncio.run(go())
+
+
+def _frame(raw: bytes) -> dict[str, Any]:
+    frame = json.loads(raw)
+    frame["body"] = json.loads(base64.b64decode(frame["body"]))
+    return frame
+
+
+def test_the_frame_is_the_one_send_task_writes(redis_url: str) -> None:
+    app = create_celery(Settings(redis_url=redis_url))
+    theirs_q, ours_q = f"push-a-{uuid.uuid4().hex[:8]}", f"push-b-{uuid.uuid4().hex[:8]}"
+    app.send_task("ragline.retrieve", kwargs=_KWARGS, queue=theirs_q)
+    _pushed(
+        redis_url, ours_q, task_message(app, "ragline.retrieve", _KWARGS, queue=ours_q, kwargsrepr="1 query")
+    )
+    sync = redis.Redis.from_url(redis_url)
+    theirs, ours = _frame(sync.rpop(theirs_q)), _frame(sync.rpop(ours_q))
+
+    assert ours.keys() == theirs.keys()
+    assert ours["body"] == theirs["body"]
+    assert ours["body"][1] == _KWARGS
+    for field in ("content-type", "content-encoding"):
+        assert ours[field] == theirs[field]
+    assert ours["headers"].keys() == theirs["headers"].keys()
+    for name, value in theirs["headers"].items():
+        if name not in _PER_MESSAGE_HEADERS:
+            assert ours["headers"][name] == value, name
+    assert ours["headers"]["kwargsrepr"] == "1 query"
+    assert ours["headers"]["root_id"] == ours["headers"]["id"] == ours["properties"]["correlation_id"]
+    assert ours["properties"].keys() == theirs["properties"].keys()
+    for name, value in theirs["properties"].items():
+        if name not in _PER_MESSAGE_PROPERTIES and name != "delivery_info":
+            assert ours["properties"][name] == value, name
+    assert ours["properties"]["delivery_info"] == {"exchange": "", "routing_key": ours_q}
+    assert theirs["properties"]["delivery_info"] == {"exchange": "", "routing_key": theirs_q}
+
+
+def test_a_kombu_consumer_takes_it_as_a_json_task(redis_url: str) -> None:
+    app = create_celery(Settings(redis_url=redis_url))
+    queue = f"push-{uuid.uuid4().hex[:8]}"
+    message = task_message(app, "ragline.retrieve", _KWARGS, queue=queue, kwargsrepr="1 query")
+    _pushed(redis_url, queue, message)
+
+    received: list[tuple[Any, Any]] = []
+    with Connection(redis_url) as conn:
+        channel = conn.channel()
+        with Consumer(
+            channel, [Queue(queue)], callbacks=[lambda b, m: received.append((b, m))], accept=["json"]
+        ):
+            deadline = time.monotonic() + 5
+            while not received and time.monotonic() < deadline:
+                conn.drain_events(timeout=1)
+        assert len(received) == 1
+        body, delivered = received[0]
+        assert delivered.headers["task"] == "ragline.retrieve"
+        assert body == [[], _KWARGS, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
+        assert delivered.delivery_info["routing_key"] == queue
+        delivered.ack()
+    assert redis.Redis.from_url(redis_url).llen(queue) == 0
