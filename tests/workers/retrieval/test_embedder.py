@@ -1,0 +1,44 @@
+"""A large batch is encoded in parts on their own threads: the same vectors, in the same order."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.integration
+
+_TEXTS = [f"How do I use {topic} in Python?" for topic in (
+    "asyncio", "dataclasses", "the GIL", "f-strings", "pathlib", "typing.Protocol", "unittest.mock",
+    "functools.cache", "contextlib", "itertools.groupby", "struct", "sqlite3", "a virtual environment",
+    "zipfile", "the walrus operator", "enum.Flag", "weakref", "pickle safely", "heapq", "bisect",
+)]  # fmt: skip
+
+
+def test_a_split_batch_gives_each_text_its_own_vector(embedder) -> None:
+    import torch
+
+    assert len(_TEXTS) >= embedder._split_min  # the split path
+    together = embedder.encode(_TEXTS)
+    alone = np.stack([embedder.encode([text])[0] for text in _TEXTS])
+    assert together.shape == (len(_TEXTS), embedder.dim)
+    np.testing.assert_allclose(together, alone, atol=1e-5)
+    # The caller's encodes still use every torch thread (the parts' threads use one each).
+    assert torch.get_num_threads() == embedder._parts
+
+
+def test_a_small_batch_on_another_thread_uses_every_torch_thread(embedder) -> None:
+    import torch
+
+    embedder.encode(_TEXTS)  # the parts' threads have set torch's default for new threads to one
+    seen: list[int] = []
+
+    def encode_small() -> None:
+        embedder.encode(_TEXTS[:2])
+        seen.append(torch.get_num_threads())
+
+    thread = threading.Thread(target=encode_small)
+    thread.start()
+    thread.join()
+    assert seen == [embedder._parts]
