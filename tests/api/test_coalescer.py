@@ -104,3 +104,68 @@ def test_publish_errors_propagate_and_free_the_slot() -> None:
         assert c.batches_in_flight == 0
 
     asyncio.run(scenario())
+
+
+def test_a_batch_is_a_share_of_the_queries_in_play() -> None:
+    """With one worker, half of them: one batch computes while the other turns around."""
+
+    async def scenario() -> list[list[str]]:
+        rec = Recorder()
+        c = Coalescer(rec, window_s=0.01, max_batch=64, max_in_flight=lambda: 1, min_split=2)
+        await c.submit(_item(0))
+        held = [asyncio.create_task(c.submit(_item(n))) for n in range(1, 9)]
+        await asyncio.sleep(0.05)
+        c.settle("r0")  # eight in play: the next batch takes four, four wait for it to come back
+        await asyncio.sleep(0.05)
+        assert rec.batches[1:] == [["r1", "r2", "r3", "r4"]]
+        c.settle("r1")
+        await asyncio.gather(*held)
+        return rec.batches
+
+    assert asyncio.run(scenario())[2:] == [["r5", "r6", "r7", "r8"]]
+
+
+def test_after_a_batch_of_several_the_next_queries_gather_for_a_window() -> None:
+    async def scenario() -> tuple[list[list[str]], float]:
+        rec = Recorder()
+        c = Coalescer(rec, window_s=0.05, max_batch=64, max_in_flight=lambda: 1, min_split=2)
+        await c.submit(_item(0))
+        held = [asyncio.create_task(c.submit(_item(n))) for n in (1, 2)]
+        await asyncio.sleep(0.01)
+        c.settle("r0")
+        await asyncio.gather(*held)  # r1 and r2 went together
+        c.settle("r1")  # their batch is back; r2's answer is still being written
+        nxt = asyncio.create_task(c.submit(_item(3)))
+        await asyncio.sleep(0.01)
+        assert len(rec.batches) == 2  # r3 waits: r2's client is likely about to ask too
+        c.settle("r2")
+        drained = time.perf_counter()
+        later = asyncio.create_task(c.submit(_item(4)))
+        await asyncio.gather(nxt, later)
+        return rec.batches, rec.times[-1] - drained
+
+    batches, waited = asyncio.run(scenario())
+    assert batches[2] == ["r3", "r4"]
+    assert 0.03 < waited < 0.5  # about one window after the last answer went out
+
+
+def test_the_publisher_is_called_when_the_batch_is_taken() -> None:
+    """Not later in a task: a publisher that writes in the call gets its write out first."""
+    calls: list[list[str]] = []
+
+    def publish(items: list[dict]) -> asyncio.Future[None]:
+        calls.append([i["request_id"] for i in items])
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+    async def scenario() -> None:
+        c = Coalescer(publish, window_s=0.01, max_batch=64, max_in_flight=lambda: 1)
+        await c.submit(_item(0))
+        held = asyncio.create_task(c.submit(_item(1)))
+        await asyncio.sleep(0.05)
+        c.settle("r0")
+        assert calls == [["r0"], ["r1"]]  # before this coroutine yields to the loop
+        await held
+
+    asyncio.run(scenario())
