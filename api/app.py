@@ -77,6 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             await app.state.monitor.stop()
+            await app.state.query_service.aclose()
             await app.state.redis.aclose()
 
     app = FastAPI(

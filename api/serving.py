@@ -27,7 +27,7 @@ from broker.normalize import query_digest
 from broker.queues import RETRIEVAL_QUEUE, RETRIEVE_TASK
 from broker.result_cache import Lookup, Outcome, ResultCache
 from broker.settings import Settings
-from broker.task_push import push, task_message
+from broker.task_push import QueuePusher, task_message
 
 _INDEX_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _ENQUEUE_TIMEOUT_S = 5.0
@@ -102,6 +102,7 @@ class QueryService:
             single_flight_ttl_s=settings.single_flight_ttl_s,
         )
         self._background: set[asyncio.Task[object]] = set()
+        self._pusher = QueuePusher(settings.redis_url, timeout_s=_ENQUEUE_TIMEOUT_S)
         self._coalescer = Coalescer(
             self._publish_batch,
             window_s=settings.coalesce_window_ms / 1000,
@@ -144,6 +145,9 @@ class QueryService:
                 log.warning("background cache write failed", exc_info=True)
 
         self._spawn(bounded())
+
+    async def aclose(self) -> None:
+        await self._pusher.aclose()
 
     def cancel_soon(self, request_id: str) -> None:
         """Flag ``request_id`` cancelled without awaiting (callable from a closing generator)."""
@@ -213,7 +217,7 @@ class QueryService:
             return _splice(request_id, found.body)
         return Probe(a, decision, found, key)
 
-    async def _publish_batch(self, items: list[dict[str, Any]]) -> None:
+    def _publish_batch(self, items: list[dict[str, Any]]) -> asyncio.Future[None]:
         message = task_message(
             self._celery,
             RETRIEVE_TASK,
@@ -221,7 +225,7 @@ class QueryService:
             queue=RETRIEVAL_QUEUE,
             kwargsrepr=f"{{'requests': <{len(items)} queries>}}",
         )
-        await asyncio.wait_for(push(self._redis, RETRIEVAL_QUEUE, message), _ENQUEUE_TIMEOUT_S)
+        return self._pusher.push(RETRIEVAL_QUEUE, message)
 
     async def index_version(self, index: str) -> str:
         """The current version of ``index``, or 404 (for callers that skip the result cache)."""

@@ -1,4 +1,5 @@
-"""A task pushed from asyncio is the message Celery's own publish writes, and kombu consumes it."""
+"""A task pushed from asyncio is the message Celery's own publish writes, and kombu consumes it;
+the pusher writes in the call, on the URL's database, and survives a dropped connection."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import time
 import uuid
 from typing import Any
 
+import pytest
 import redis
-import redis.asyncio as aioredis
 from kombu import Connection, Consumer, Queue
+from redis.exceptions import ResponseError
 
 from broker.celery_app import create_celery
 from broker.settings import Settings
-from broker.task_push import push, task_message
+from broker.task_push import QueuePusher, task_message
 
 _KWARGS = {"requests": [{"request_id": "r1", "query": "what is asyncio?", "top_k": 5}]}
 # Per message (ids, the sender, the tag) or chosen by the caller (the arguments' stand-in).
@@ -25,11 +27,11 @@ _PER_MESSAGE_PROPERTIES = {"correlation_id", "reply_to", "delivery_tag"}
 
 def _pushed(redis_url: str, queue: str, message: bytes) -> None:
     async def go() -> None:
-        client = aioredis.Redis.from_url(redis_url)
+        pusher = QueuePusher(redis_url, timeout_s=5)
         try:
-            await push(client, queue, message)
+            await pusher.push(queue, message)
         finally:
-            await client.aclose()
+            await pusher.aclose()
 
     asyncio.run(go())
 
@@ -91,3 +93,45 @@ def test_a_kombu_consumer_takes_it_as_a_json_task(redis_url: str) -> None:
         assert delivered.delivery_info["routing_key"] == queue
         delivered.ack()
     assert redis.Redis.from_url(redis_url).llen(queue) == 0
+
+
+def test_the_push_is_written_in_the_call_once_connected(redis_url: str) -> None:
+    sync = redis.Redis.from_url(redis_url)
+    queue = f"push-{uuid.uuid4().hex[:8]}"
+
+    async def go() -> int:
+        pusher = QueuePusher(redis_url, timeout_s=5)
+        try:
+            await pusher.push(queue, b"first")  # connects
+            reply = pusher.push(queue, b"second")
+            time.sleep(0.2)  # the event loop does not run: only a write made in the call arrives
+            written = int(sync.llen(queue))
+            await reply
+            return written
+        finally:
+            await pusher.aclose()
+
+    assert asyncio.run(go()) == 2
+    assert sync.lrange(queue, 0, -1) == [b"second", b"first"]
+
+
+def test_errors_come_back_and_a_dropped_connection_is_replaced(redis_url: str) -> None:
+    sync = redis.Redis.from_url(redis_url)
+    queue, not_a_list = f"push-{uuid.uuid4().hex[:8]}", f"push-str-{uuid.uuid4().hex[:8]}"
+    sync.set(not_a_list, "x")
+
+    async def go() -> None:
+        pusher = QueuePusher(redis_url, timeout_s=5)
+        try:
+            with pytest.raises(ResponseError, match="WRONGTYPE"):
+                await pusher.push(not_a_list, b"m")
+            await pusher.push(queue, b"after an error")
+            host, port = pusher._replies._transport.get_extra_info("sockname")[:2]  # type: ignore[union-attr]
+            sync.client_kill(f"{host}:{port}")  # Redis drops the pusher's connection
+            await asyncio.sleep(0.1)
+            await pusher.push(queue, b"after a reconnect")
+        finally:
+            await pusher.aclose()
+
+    asyncio.run(go())
+    assert sync.lrange(queue, 0, -1) == [b"after a reconnect", b"after an error"]
