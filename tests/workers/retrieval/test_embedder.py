@@ -58,3 +58,9 @@ def test_a_split_batch_pads_each_group_only_to_its_longest_text(embedder, monkey
     assert len(widths) == -(-len(texts) // embedder._group_size)
     longest = int(embedder._tokenize(texts)["attention_mask"].sum(dim=1).max())
     assert min(widths) < longest // 2  # the short texts' group is not padded to the long ones
+
+
+def test_the_direct_forward_gives_sentence_transformers_vectors(embedder) -> None:
+    expected = embedder._model.encode(_TEXTS[:3], normalize_embeddings=True, convert_to_numpy=True)
+    np.testing.assert_allclose(embedder.encode(_TEXTS[:3]), expected, atol=1e-5)
+    assert embedder.encode([]).shape == (0, embedder.dim)
