@@ -42,6 +42,9 @@ class Embedder:
         torch.set_num_threads(settings.torch_threads)
         self.model_id = embedding_model_path(settings)
         self._model = SentenceTransformer(self.model_id, device="cpu")
+        # The model is called directly (see _forward), so nothing else puts it in eval mode:
+        # no dropout, whatever a model's config holds.
+        self._model.eval()
         self._parts = settings.torch_threads
         self._split_min = max(2, settings.embed_split_min_batch)
         self._group_size = max(1, settings.embed_group_size)

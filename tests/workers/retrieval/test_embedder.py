@@ -61,6 +61,7 @@ def test_a_split_batch_pads_each_group_only_to_its_longest_text(embedder, monkey
 
 
 def test_the_direct_forward_gives_sentence_transformers_vectors(embedder) -> None:
+    assert not any(module.training for module in embedder._model.modules())
     expected = embedder._model.encode(_TEXTS[:3], normalize_embeddings=True, convert_to_numpy=True)
     np.testing.assert_allclose(embedder.encode(_TEXTS[:3]), expected, atol=1e-5)
     assert embedder.encode([]).shape == (0, embedder.dim)
