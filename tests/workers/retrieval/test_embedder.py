@@ -45,19 +45,21 @@ def test_a_small_batch_on_another_thread_uses_every_torch_thread(embedder) -> No
 
 
 def test_a_split_batch_pads_each_group_only_to_its_longest_text(embedder, monkeypatch) -> None:
-    widths: list[int] = []
+    shapes: list[tuple[int, int]] = []
     forward = embedder._model.forward
 
     def recording(features: dict) -> dict:
-        widths.append(int(features["input_ids"].shape[1]))
+        shapes.append(tuple(features["input_ids"].shape))
         return forward(features)
 
     monkeypatch.setattr(embedder._model, "forward", recording)
     texts = [*_TEXTS[:8], *(" ".join([text] * 6) for text in _TEXTS[8:])]  # 8 short, 12 long
     embedder.encode(texts)
-    assert len(widths) == -(-len(texts) // embedder._group_size)
+    assert sum(rows for rows, _ in shapes) == len(texts)
+    assert all(rows <= embedder._group_size for rows, _ in shapes)
     longest = int(embedder._tokenize(texts)["attention_mask"].sum(dim=1).max())
-    assert min(widths) < longest // 2  # the short texts' group is not padded to the long ones
+    # The short texts' group is not padded to the long ones.
+    assert min(width for _, width in shapes) < longest // 2
 
 
 def test_the_direct_forward_gives_sentence_transformers_vectors(embedder) -> None:
