@@ -61,6 +61,8 @@ class Embedder:
         self.dim = int(self._model.get_embedding_dimension())
         # sentence-transformers 6 renamed `tokenize` to `preprocess`.
         self._tokenize = getattr(self._model, "preprocess", None) or self._model.tokenize
+        # Trimming a group's padding assumes it is on the right (BERT-style models; not all are).
+        self._right_padded = getattr(self._model.tokenizer, "padding_side", "right") == "right"
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         texts = list(texts)
@@ -106,7 +108,8 @@ class Embedder:
         with torch.inference_mode():
             for group in groups:
                 rows = torch.tensor(group)
-                width = int(features["attention_mask"][rows].sum(dim=1).max())
+                mask = features["attention_mask"]
+                width = int(mask[rows].sum(dim=1).max()) if self._right_padded else mask.shape[1]
                 batch = {
                     k: v[rows, :width] if isinstance(v, torch.Tensor) else v for k, v in features.items()
                 }
