@@ -62,6 +62,31 @@ def test_a_split_batch_pads_each_group_only_to_its_longest_text(embedder, monkey
     assert min(width for _, width in shapes) < longest // 2
 
 
+def test_a_thread_held_up_takes_fewer_groups(embedder, monkeypatch) -> None:
+    import time
+
+    forward = embedder._model.forward
+    held = threading.Event()
+    groups_by_thread: dict[str, int] = {}
+
+    def one_slow_thread(features: dict) -> dict:
+        name = threading.current_thread().name
+        groups_by_thread[name] = groups_by_thread.get(name, 0) + 1
+        if not held.is_set():  # the first group to start: its thread is held up, like a shared core
+            held.set()
+            time.sleep(1.0)
+        return forward(features)
+
+    texts = _TEXTS * 2  # 40 texts: 5 groups of 8
+    expected = embedder.encode(texts)
+    monkeypatch.setattr(embedder._model, "forward", one_slow_thread)
+    np.testing.assert_allclose(embedder.encode(texts), expected, atol=1e-5)
+    # The held thread did its one group; the others took every group left.
+    assert len(groups_by_thread) == embedder._parts
+    assert min(groups_by_thread.values()) == 1
+    assert sum(groups_by_thread.values()) == 5
+
+
 def test_the_direct_forward_gives_sentence_transformers_vectors(embedder) -> None:
     assert not any(module.training for module in embedder._model.modules())
     expected = embedder._model.encode(_TEXTS[:3], normalize_embeddings=True, convert_to_numpy=True)
