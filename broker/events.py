@@ -146,9 +146,13 @@ def emit_many(
     read; after EXEC every reader gets all of its events at once.
     """
     pipe = client.pipeline(transaction=True)
+    streams: dict[str, None] = {}
     for request_id, type_, data in events:
         key = keys.events(request_id)
         pipe.xadd(key, {"type": type_, "data": json.dumps(data)}, maxlen=maxlen, approximate=True)
+        streams[key] = None
+    # One TTL per stream, not one per event: inside the transaction it counts from the same moment.
+    for key in streams:
         pipe.expire(key, ttl_s)
     if completes:
         count_done(pipe, keys, *completes)

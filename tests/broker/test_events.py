@@ -105,3 +105,4 @@ def test_a_batch_reaches_a_waiting_reader_whole(redis_url: str) -> None:
     waiting.join(10)
     [(_stream, entries)] = first_read
     assert [fields[b"type"] for _id, fields in entries] == [b"sources", b"done"]
+    assert 0 < client.ttl(KEYS.events(rid)) <= 60
