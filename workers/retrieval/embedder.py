@@ -6,7 +6,7 @@ import itertools
 import os
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -93,8 +93,10 @@ class Embedder:
                 (vectors,) = self._forward(features, [groups[i]])
                 out[groups[i]] = vectors
 
-        for done in [pool.submit(take_groups) for _ in range(self._parts)]:
-            done.result()
+        takers = [pool.submit(take_groups) for _ in range(self._parts)]
+        wait(takers)  # all of them, even when one failed: none may outlive this encode's lock
+        for taker in takers:
+            taker.result()
         return out
 
     def _forward(self, features: dict[str, Any], groups: list[list[int]]) -> list[np.ndarray]:

@@ -66,14 +66,15 @@ def test_a_thread_held_up_takes_fewer_groups(embedder, monkeypatch) -> None:
     import time
 
     forward = embedder._model.forward
-    held = threading.Event()
+    lock = threading.Lock()
     groups_by_thread: dict[str, int] = {}
 
     def one_slow_thread(features: dict) -> dict:
         name = threading.current_thread().name
-        groups_by_thread[name] = groups_by_thread.get(name, 0) + 1
-        if not held.is_set():  # the first group to start: its thread is held up, like a shared core
-            held.set()
+        with lock:
+            first = not groups_by_thread
+            groups_by_thread[name] = groups_by_thread.get(name, 0) + 1
+        if first:  # the first group to start: its thread is held up, as by a shared core
             time.sleep(1.0)
         return forward(features)
 
@@ -85,6 +86,32 @@ def test_a_thread_held_up_takes_fewer_groups(embedder, monkeypatch) -> None:
     assert len(groups_by_thread) == embedder._parts
     assert min(groups_by_thread.values()) == 1
     assert sum(groups_by_thread.values()) == 5
+
+
+def test_a_failed_group_fails_the_encode_after_every_thread_is_done(embedder, monkeypatch) -> None:
+    import time
+
+    forward = embedder._model.forward
+    lock = threading.Lock()
+    calls: list[str] = []
+
+    def first_group_fails(features: dict) -> dict:
+        with lock:
+            calls.append("start")
+            first = len(calls) == 1
+        if first:
+            raise RuntimeError("boom")
+        time.sleep(0.05)
+        out = forward(features)
+        calls.append("end")
+        return out
+
+    monkeypatch.setattr(embedder._model, "forward", first_group_fails)
+    with pytest.raises(RuntimeError, match="boom"):
+        embedder.encode(_TEXTS * 2)
+    finished = len(calls)
+    time.sleep(0.3)
+    assert len(calls) == finished  # no thread went on encoding after the error came back
 
 
 def test_the_direct_forward_gives_sentence_transformers_vectors(embedder) -> None:
