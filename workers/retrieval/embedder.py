@@ -76,7 +76,7 @@ class Embedder:
             features = self._tokenize(texts)
             if self._part_pool is None or len(texts) < self._split_min:
                 _use_threads(self._parts)  # a part's thread set the default for new threads to one
-                (vectors,) = self._forward(features, [list(range(len(texts)))])
+                vectors = self._forward(features, list(range(len(texts))))
             else:
                 vectors = self._encode_split(features, self._part_pool)
         return np.ascontiguousarray(vectors, dtype=np.float32)
@@ -90,8 +90,7 @@ class Embedder:
 
         def take_groups() -> None:
             while (i := next(taken)) < len(groups):
-                (vectors,) = self._forward(features, [groups[i]])
-                out[groups[i]] = vectors
+                out[groups[i]] = self._forward(features, groups[i])
 
         takers = [pool.submit(take_groups) for _ in range(self._parts)]
         wait(takers)  # all of them, even when one failed: none may outlive this encode's lock
@@ -99,26 +98,21 @@ class Embedder:
             taker.result()
         return out
 
-    def _forward(self, features: dict[str, Any], groups: list[list[int]]) -> list[np.ndarray]:
-        """Each group's vectors: its rows of ``features``, trimmed to its longest text.
+    def _forward(self, features: dict[str, Any], group: list[int]) -> np.ndarray:
+        """The vectors of ``group``'s rows of ``features``, trimmed to its longest text.
 
         The model is called directly: sentence-transformers' ``encode`` spends ~0.9 ms a call
         here on checks and setup (resolving the device, ``eval()`` over every module), a
         ninth of a lone query's encode."""
         import torch
 
-        vectors = []
         with torch.inference_mode():
-            for group in groups:
-                rows = torch.tensor(group)
-                mask = features["attention_mask"]
-                width = int(mask[rows].sum(dim=1).max()) if self._right_padded else mask.shape[1]
-                batch = {
-                    k: v[rows, :width] if isinstance(v, torch.Tensor) else v for k, v in features.items()
-                }
-                embedded = self._model.forward(batch)["sentence_embedding"]
-                vectors.append(torch.nn.functional.normalize(embedded, dim=1).numpy())
-        return vectors
+            rows = torch.tensor(group)
+            mask = features["attention_mask"]
+            width = int(mask[rows].sum(dim=1).max()) if self._right_padded else mask.shape[1]
+            batch = {k: v[rows, :width] if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+            embedded = self._model.forward(batch)["sentence_embedding"]
+            return torch.nn.functional.normalize(embedded, dim=1).numpy()
 
 
 def _one_thread() -> None:
