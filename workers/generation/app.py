@@ -25,7 +25,7 @@ from workers import heartbeat, metrics_server
 from workers.generation.engine import EngineHost, EngineUnavailable, GenerationTimeout
 from workers.generation.hf_engine import TransformersEngine
 from workers.generation.model_prep import generation_model_path
-from workers.generation.prompt import build_prompt
+from workers.generation.prompt import build_rag_prompt
 
 log = logging.getLogger(__name__)
 settings = get_settings()
@@ -45,6 +45,7 @@ def _start_engine(**_: object) -> None:
     global _engine, _tokenizer, _batcher
     from transformers import AutoTokenizer
 
+    log.info(settings.host_defaults_line())
     _batcher = EventBatcher(
         sync_client(settings),
         keys,
@@ -96,9 +97,7 @@ def generate(
         **timings,
         "queue_ms": timings.get("queue_ms", 0.0) + max(0.0, (picked_at - enqueued_at) * 1000),
     }
-    prompt = build_prompt(
-        _tokenizer, query, sources, max_prompt_tokens=settings.max_model_len - settings.max_new_tokens
-    )
+    prompt = build_rag_prompt(settings, _tokenizer, query, sources)
     started = time.perf_counter()
     pieces: list[str] = []
     first_token_ms: float | None = None

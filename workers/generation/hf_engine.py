@@ -54,7 +54,7 @@ class TransformersEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        dtype = getattr(torch, self._settings.dtype)
+        dtype = "auto" if self._settings.dtype == "auto" else getattr(torch, self._settings.dtype)
         self._model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
         self._thread.start()
 

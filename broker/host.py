@@ -1,0 +1,124 @@
+"""What this host offers a process, and the defaults that follow from it.
+
+Settings left unset (``None``) are filled from here when a :class:`~broker.settings.Settings` is
+built, so every process sizes itself from the cores it may use (``os.sched_getaffinity``: a
+container's or a ``taskset``'s share, not the machine's), its memory and its CPU's features,
+and not from the box the project was developed on. Each value filled in keeps its reason, and
+each worker logs them once at start. Reading the host is a few small ``/proc`` reads; nothing
+here imports torch or vllm.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+# Instruction sets with which a CPU computes bf16 natively. Without them vLLM's CPU backend
+# converts every bf16 operand, and bf16 runs slower than float32.
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    cores: tuple[int, ...]  # the CPUs this process may run on
+    memory_bytes: int
+    cpu_flags: frozenset[str]
+    gpus: int  # NVIDIA devices the driver reports
+
+    @property
+    def native_bf16(self) -> bool:
+        return bool(self.cpu_flags & NATIVE_BF16_FLAGS)
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory_bytes / 2**30
+
+
+def _cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    try:
+        with cpuinfo.open() as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0
+
+
+def _gpus(root: Path = Path("/proc/driver/nvidia/gpus")) -> int:
+    try:
+        return sum(1 for _ in root.iterdir())
+    except OSError:
+        return 0
+
+
+@lru_cache(maxsize=1)
+def detect() -> Host:
+    return Host(
+        cores=tuple(sorted(os.sched_getaffinity(0))),
+        memory_bytes=_memory_bytes(),
+        cpu_flags=_cpu_flags(),
+        gpus=_gpus(),
+    )
+
+
+def core_list(cores: tuple[int, ...]) -> str:
+    """CPU ids as ``taskset``/vLLM write them: ``0-3,8,10-11``."""
+    parts: list[str] = []
+    ordered = sorted(cores)
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    value: object
+    reason: str
+
+
+def generation_dtype(host: Host) -> Choice:
+    if host.gpus:
+        return Choice("auto", "a GPU host: the model's own dtype, as vLLM chooses")
+    if host.native_bf16:
+        return Choice("bfloat16", "the CPU computes bf16 natively (AVX-512 BF16 or AMX)")
+    return Choice("float32", "the CPU has no native bf16 (no AVX-512 BF16, no AMX): bf16 would be emulated")
+
+
+def max_num_seqs(host: Host) -> Choice:
+    if host.gpus:
+        return Choice(256, "a GPU host: vLLM's own default")
+    if host.native_bf16:
+        return Choice(32, "a CPU with native bf16: throughput still rises at 32 sequences")
+    # Without native bf16 the CPU backend's throughput peaks near 8 concurrent sequences and
+    # falls beyond (docs/performance.md); admission queues the rest.
+    return Choice(8, "a CPU without native bf16: throughput stops rising past about 8 sequences")
+
+
+def cpu_kvcache_space_gib(host: Host) -> Choice:
+    # A tenth of memory, at least 1 GiB and at most 16: the engine, the encoder and the index
+    # share the host, and the default model needs far less than that per sequence.
+    gib = min(16, max(1, int(host.memory_gib / 10)))
+    return Choice(gib, f"a tenth of the host's {host.memory_gib:.0f} GiB (1-16 GiB)")
+
+
+def engine_cores(host: Host) -> Choice:
+    return Choice(core_list(host.cores), f"every core this process may use ({len(host.cores)})")
+
+
+def torch_threads(host: Host) -> Choice:
+    return Choice(len(host.cores), f"one per core this process may use ({len(host.cores)})")
