@@ -2,8 +2,9 @@
 
     .venv/bin/python -m bench.generation [--eager] [--max-tokens 64]
 
-SmolLM2-135M-Instruct in bf16; RAG prompts built from the Python 3.11 FAQ (Debian's
-python3.11-doc): each FAQ question with its own answer section and two neighbours as sources.
+SmolLM2-135M-Instruct in the dtype the host chooses (broker/host.py); RAG prompts built from the
+Python 3.11 FAQ (Debian's python3.11-doc): each FAQ question with its own answer section and two
+neighbours as sources.
 Measured at 1, 8 and 32 concurrent requests: output tokens/s, TTFT and end-to-end P50/P99.
 - transformers one at a time: each prompt timed alone; c requests arriving together are served
   in turn, so the k-th waits for the k-1 before it (TTFT = end-to-end: no streaming);
@@ -87,11 +88,10 @@ def build_prompts(settings: Settings, requests: list[tuple[str, list[dict]]]) ->
     from transformers import AutoTokenizer
 
     from workers.generation.model_prep import generation_model_path
-    from workers.generation.prompt import build_prompt
+    from workers.generation.prompt import build_rag_prompt
 
     tok = AutoTokenizer.from_pretrained(generation_model_path(settings))
-    budget = settings.max_model_len - settings.max_new_tokens
-    return [build_prompt(tok, q, s, max_prompt_tokens=budget).text for q, s in requests]
+    return [build_rag_prompt(settings, tok, q, s).text for q, s in requests]
 
 
 def run_threads(stream_fn, prompts: list[str], c: int, max_tokens: int) -> tuple[int, float, list, list]:
@@ -311,9 +311,8 @@ def main() -> int:
     settings = Settings(
         home=args.home,
         redis_url=args.redis_url,
-        dtype="bfloat16",
         enforce_eager=args.eager,
-        max_num_seqs=32,
+        max_num_seqs=32,  # the engine must take 32 at once to be measured at 32
         max_new_tokens=args.max_tokens,
         default_index=FAQ_INDEX,
     )

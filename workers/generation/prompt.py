@@ -1,9 +1,18 @@
-"""RAG prompts built for vLLM's prefix cache: a fixed system prefix, then sources in a stable order."""
+"""RAG prompts built for vLLM's prefix cache: a fixed system prefix, then sources in a stable order.
+
+The engine reuses cached KV state only in whole blocks (128 tokens on the CPU backend), so the
+system prefix alone, shorter than a block, is recomputed every time; what is reused is a repeated
+set of sources, which is why they are rendered in a stable order before the question. Prefill
+time grows with the prompt, so the sources get a token budget of their own
+(``max_source_tokens``): past it the lowest-scored are dropped, and the answer reports how many.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from broker.settings import Settings
 
 SYSTEM_PROMPT = (
     "You are a precise assistant. Answer the question using only the numbered context passages. "
@@ -31,21 +40,47 @@ def _render(tokenizer: Any, query: str, sources: list[dict[str, Any]]) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
+def _count(tokenizer: Any, text: str) -> int:
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 def build_prompt(
-    tokenizer: Any, query: str, sources: list[dict[str, Any]], *, max_prompt_tokens: int
+    tokenizer: Any,
+    query: str,
+    sources: list[dict[str, Any]],
+    *,
+    max_prompt_tokens: int,
+    max_source_tokens: int = 0,
 ) -> BuiltPrompt:
-    """Render the prompt, dropping the lowest-scored sources until it fits.
+    """Render the prompt, dropping the lowest-scored sources until it fits ``max_prompt_tokens``
+    and the sources take at most ``max_source_tokens`` of it (0: no budget of their own).
 
     The API bounds the question (RAGLINE_MAX_QUERY_BYTES) far below the model's length, so the
     question alone always fits and a request never fails for length.
     """
+    limit = max_prompt_tokens
+    if max_source_tokens > 0:
+        limit = min(limit, _count(tokenizer, _render(tokenizer, query, [])) + max_source_tokens)
     kept = sorted(sources, key=lambda s: -s["score"])
     while True:
         text = _render(tokenizer, query, kept)
-        n_tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
-        if n_tokens <= max_prompt_tokens or not kept:
+        n_tokens = _count(tokenizer, text)
+        if n_tokens <= limit or not kept:
             break
         kept = kept[:-1]
     return BuiltPrompt(
         text=text, prompt_tokens=n_tokens, sources_used=len(kept), sources_dropped=len(sources) - len(kept)
+    )
+
+
+def build_rag_prompt(
+    settings: Settings, tokenizer: Any, query: str, sources: list[dict[str, Any]]
+) -> BuiltPrompt:
+    """The prompt the generation worker sends for a request, within the settings' budgets."""
+    return build_prompt(
+        tokenizer,
+        query,
+        sources,
+        max_prompt_tokens=settings.max_model_len - settings.max_new_tokens,
+        max_source_tokens=settings.max_source_tokens,
     )

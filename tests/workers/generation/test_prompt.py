@@ -39,3 +39,14 @@ def test_too_long_drops_lowest_scored(tokenizer) -> None:
     assert trimmed.sources_dropped >= 1
     assert trimmed.prompt_tokens <= full.prompt_tokens - 50
     assert "w5" not in trimmed.text and "w0" in trimmed.text
+
+
+def test_source_budget_drops_lowest_scored(tokenizer) -> None:
+    sources = _sources(6, words=60)
+    full = build_prompt(tokenizer, "q?", sources, max_prompt_tokens=10_000)
+    bare = build_prompt(tokenizer, "q?", [], max_prompt_tokens=10_000)
+    budget = (full.prompt_tokens - bare.prompt_tokens) // 2
+    trimmed = build_prompt(tokenizer, "q?", sources, max_prompt_tokens=10_000, max_source_tokens=budget)
+    assert 1 <= trimmed.sources_used < 6 and trimmed.sources_dropped == 6 - trimmed.sources_used
+    assert trimmed.prompt_tokens - bare.prompt_tokens <= budget
+    assert "w0" in trimmed.text and "w5" not in trimmed.text
