@@ -83,7 +83,7 @@ def _start(cmds: list[list[str]], env: dict[str, str], url: str, probe: dict[str
     raise RuntimeError(f"{url} did not answer in time")
 
 
-def ensure_index(settings: Settings, docs: Path) -> None:
+def ensure_index(settings: Settings, docs: Path, *, index: str = INDEX) -> None:
     from broker import indexes
     from broker.keys import Keys
     from broker.redis_pool import sync_client
@@ -91,12 +91,12 @@ def ensure_index(settings: Settings, docs: Path) -> None:
     from workers.retrieval.ingest import ingest
 
     client, keys = sync_client(settings), Keys(settings.key_prefix)
-    if indexes.lookup(client, keys, INDEX) is None:
+    if indexes.lookup(client, keys, index) is None:
         for info in index_store.current_on_disk(settings.indexes_dir):
             indexes.register(client, keys, info)
-    if indexes.lookup(client, keys, INDEX) is None:
+    if indexes.lookup(client, keys, index) is None:
         print(f"ingesting {docs} (once; embeddings are cached)", flush=True)
-        ingest(settings, [docs], index_name=INDEX)
+        ingest(settings, [docs], index_name=index)
 
 
 def fresh_prefix(settings: Settings) -> str:
@@ -143,18 +143,18 @@ _ROLE = re.compile(r":[a-z:]+:`!?([^`]*)`")
 _FORMS = ("What is {}?", "How do I use {}?", "Explain {} briefly.", "Tell me about {}.", "{} in Python?")
 
 
-def load_queries(settings: Settings) -> list[str]:
+def load_queries(settings: Settings, *, index: str = INDEX, seed: int = 0) -> list[str]:
     """Distinct user-like questions: three phrasings of every section title of the corpus.
 
     Questions about what the docs cover, as users ask them (5-15 tokens), rather than fragments
-    of the chunks' text, which encode 3x slower than questions and so would measure a workload
+    of the chunks' text, which are longer, encode several times slower and so would measure a workload
     no RAG front end sees.
     """
     from broker import indexes
     from broker.keys import Keys
     from broker.redis_pool import sync_client
 
-    info = indexes.lookup(sync_client(settings), Keys(settings.key_prefix), INDEX)
+    info = indexes.lookup(sync_client(settings), Keys(settings.key_prefix), index)
     assert info is not None
     titles = set()
     with open(Path(info.path) / "chunks.jsonl") as src:
@@ -163,7 +163,7 @@ def load_queries(settings: Settings) -> list[str]:
             if len(title) >= 4:
                 titles.add(title)
     queries = [q for t in sorted(titles) for q in ([t] if t.endswith("?") else [f.format(t) for f in _FORMS])]
-    random.Random(0).shuffle(queries)
+    random.Random(seed).shuffle(queries)
     return queries
 
 
@@ -315,9 +315,9 @@ def measure(load: Load, concurrency: tuple[int, ...], *, duration: float) -> lis
 def interleaved(
     loads: dict[str, Load], *, connections: int, duration: float, slices: int = 5
 ) -> dict[str, LoadResult]:
-    """One client against each server in turn, ``slices`` times: the machine's speed drifts over
-    minutes here (the same server's lone P50 moved 10% between runs), so the servers compared
-    share each stretch of it. P50 is the median of the slices' P50s, P99 the worst slice's."""
+    """One client against each server in turn, ``slices`` times: a shared machine's speed drifts
+    over minutes (the same server's lone P50 moves between runs), so the servers compared share
+    each stretch of it. P50 is the median of the slices' P50s, P99 the worst slice's."""
     parts: dict[str, list[LoadResult]] = {name: [] for name in loads}
     for _ in range(slices):
         for name, load in loads.items():
