@@ -3,7 +3,7 @@
 A query that arrives while no batch is in flight goes at once (a lone query never pays for
 batching). Otherwise queries gather for up to the window, or until the batch is full, and go
 together: the worker embeds them in one call and searches them in one call, and the Celery hop
-(about 1 ms of CPU on each side) is paid once per batch instead of once per query.
+(a fixed CPU cost on each side) is paid once per batch instead of once per query.
 
 While every retrieval worker is busy with a batch, a closed window does not send a small batch
 to wait in the Redis queue behind it: the queries stay here and go, more of them together, as
@@ -13,14 +13,13 @@ outlasts twice the time batches have recently taken to come back (at least 20 wi
 full batch that takes a while does not get its successors split into small ones.
 
 Under load the API turns answers around between batches: it writes a batch's responses, and its
-clients' next queries come in, at roughly half a millisecond each here. Two rules keep the
-worker busy meanwhile (traced at 64 clients: it idled ~35 ms of every ~250 ms, and a one-query
-batch went first each time because its client's next query was the first one in):
+clients' next queries come in, one at a time. Two rules keep the worker busy meanwhile (without
+them it idled while a batch turned around, and a one-query batch went first each time because
+its client's next query was the first one in):
 - a batch is at most a share of the queries in play (pending, in flight, and those of the last
   batch back still being answered): half of them with one worker, a third with two, and so on,
   never less than ``min_split``. One batch is computed while the other turns around; at 64
-  clients that is 32 and 32 with no idle time between them (back to back on one box: 261 and
-  269 req/s, against 224 and 256 before).
+  clients and one worker that is 32 and 32, with no idle time between them.
 - after a batch of several comes back and its answers are out, new queries gather for one
   window before going, instead of the first one going alone. A lone client (its batch held only
   its own query) still goes at once.

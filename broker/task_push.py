@@ -1,8 +1,8 @@
 """Publishing a Celery task from asyncio: one LPUSH of the message Celery's own publish writes.
 
 kombu publishes with blocking I/O, so the API ran it on a thread; the thread hop and kombu's
-work per publish (1.5 ms on these machines, traced) were the largest part of what ragline adds
-to a lone retrieval, and under load they took the event loop's GIL. Celery builds the message
+work per publish were the largest part of what ragline adds to a lone retrieval, and under load
+they took the event loop's GIL. Celery builds the message
 (``app.amqp.as_task_v2``: protocol 2 headers and body), this module frames it as kombu's Redis
 transport does (a JSON envelope, the body base64-encoded, pushed on the queue's list of priority
 0) and :class:`QueuePusher` sends it. The worker cannot tell the two apart: tests compare the
@@ -66,7 +66,7 @@ class QueuePusher:
     The API publishes the next batch at the moment a batch comes back, which is also when that
     batch's answers wake every request waiting for them. Through redis-py's asyncio client the
     write itself waits for the event loop's next turn, behind those wake-ups and the responses
-    they write: about 15 ms at 64 clients, traced, with the worker idle all along. Here the
+    they write, a wait that grows with the batch, with the worker idle all along. Here the
     command leaves in :meth:`push` and a future carries the reply. The connection sends nothing
     but AUTH, SELECT and LPUSH, so only simple replies (+OK, -ERR, :n) are read.
     """

@@ -28,13 +28,12 @@ class Embedder:
 
     The split: the batch is tokenized once, sorted by token count and cut into groups of about
     ``embed_group_size``, each padded only to its own longest text. The model's time is almost
-    all in its matrix products, which grow with padded tokens: random groups of 8 queries here
-    pad ~12 real tokens to ~16. The threads take the groups longest first, each the next one
-    left as soon as it is done. Under load the API shares a core with one of them for part of
-    every batch; a fixed share per thread (equal tokens) left the other core idle at the end
-    (at 64 clients: 336 vs 316 req/s and idle cores 0.22 vs 0.25, five pairs back to back, the
-    groups taken as they come winning each pair). Smaller groups would even the end out more
-    but cost more than they save (a core encodes ~245 q/s in groups of 4, ~330 in groups of 8).
+    all in its matrix products, which grow with padded tokens, so texts of similar length padded
+    together waste little. The threads take the groups longest first, each the next one left as
+    soon as it is done. Under load the API shares a core with one of them for part of every
+    batch; a fixed share per thread leaves the other core idle at the end, groups taken as they
+    come do not. Smaller groups would even the end out more, but every model call has a fixed
+    cost, and below some size they cost more than they save (measurements: docs/performance.md).
     The threads share no OpenMP barrier: when another process takes a core for a moment, one
     thread waits instead of every thread of the encode.
     """
@@ -44,7 +43,8 @@ class Embedder:
         import torch
         from sentence_transformers import SentenceTransformer
 
-        # faiss, torch and the other process share few cores: never let torch take them all.
+        # A setting, by default one per core this process may use (broker/host.py): a large batch
+        # is split across these threads, one core each.
         torch.set_num_threads(settings.torch_threads)
         self.model_id = embedding_model_path(settings)
         self._model = SentenceTransformer(self.model_id, device="cpu")
@@ -101,9 +101,9 @@ class Embedder:
     def _forward(self, features: dict[str, Any], group: list[int]) -> np.ndarray:
         """The vectors of ``group``'s rows of ``features``, trimmed to its longest text.
 
-        The model is called directly: sentence-transformers' ``encode`` spends ~0.9 ms a call
-        here on checks and setup (resolving the device, ``eval()`` over every module), a
-        ninth of a lone query's encode."""
+        The model is called directly: sentence-transformers' ``encode`` spends a fixed time per
+        call on checks and setup (resolving the device, ``eval()`` over every module), a
+        noticeable share of a lone query's encode."""
         import torch
 
         with torch.inference_mode():
