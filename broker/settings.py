@@ -86,14 +86,15 @@ class Settings(BaseSettings):
     embedding_cache_ttl_s: int = 7 * 24 * 3600
 
     # -- generation engine ------------------------------------------------------------------
-    # Defaults are the CPU figures measured in ARCHITECTURE.md; each says what it trades.
+    # Each says what it trades; those left unset are chosen from the host (broker/host.py).
     # "vllm" (continuous batching) or "transformers" (static batches by prompt-length bucket,
     # for hosts without vLLM; also the benchmark's baseline).
     engine: str = "vllm"
     # Empty: from the host (broker/host.py): bf16 only where the CPU computes it natively
     # (AVX-512 BF16, AMX), else float32; on a GPU, vLLM's choice ("auto").
     dtype: str = ""
-    # Eager starts in ~25 s at about half the throughput of torch.compile (60-115 s start on CPU).
+    # Eager starts several times sooner than torch.compile, at a fraction of its throughput:
+    # for tests; compiled for serving.
     enforce_eager: bool = False
     # Longest prompt + answer; more costs KV memory per sequence.
     max_model_len: int = 2048
