@@ -41,6 +41,8 @@ def install(app: Celery, queue: str, settings: Settings) -> None:
 
     @worker_ready.connect(weak=False)
     def _start(**_: object) -> None:
+        # Logged here, not at worker_init: only by now has Celery set up the worker's logging.
+        log.info("%s worker: %s", queue, settings.host_defaults_line())
         thread.start()
 
     @worker_shutdown.connect(weak=False)

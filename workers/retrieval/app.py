@@ -56,7 +56,6 @@ def retriever() -> BatchRetriever:
 
 @worker_init.connect(weak=False)
 def _warm_up(**_: object) -> None:
-    log.info(settings.host_defaults_line())
     client = sync_client(settings)
     # Redis may have restarted without persistence: re-register what is on disk.
     for info in index_store.current_on_disk(settings.indexes_dir):
