@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import time
 from pathlib import Path
 
 from broker.settings import Settings, get_settings
+from ragline.processes import interrupt_on_signals
 
 log = logging.getLogger("ragline")
 
@@ -204,16 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = build_parser().parse_args(argv)
-    # SIGTERM ends `up`/`demo` like Ctrl-C, so their children are stopped too.
-    signal.signal(signal.SIGTERM, _interrupt)
+    # SIGTERM (and SIGHUP) end `up`/`demo` like Ctrl-C, so their children are stopped too.
+    interrupt_on_signals()
     try:
         return int(args.func(args, get_settings()) or 0)
     except KeyboardInterrupt:

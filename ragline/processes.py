@@ -2,19 +2,37 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 import uuid
+import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from broker.settings import Settings
 
+log = logging.getLogger("ragline")
+
 _TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+
+# Stopping, from the first signal to the last process gone, must stay under 15 s (a container
+# runtime kills after 10 s by default). Every child but Redis is signalled at once and gets
+# STOP_GRACE_S; Redis, which they write to while they drain, goes after them with
+# REDIS_GRACE_S. The API's own graceful shutdown ends well inside the first grace.
+STOP_GRACE_S = 9.0
+REDIS_GRACE_S = 3.0
+API_GRACEFUL_S = 5
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def api_command(settings: Settings) -> list[str]:
@@ -32,7 +50,7 @@ def api_command(settings: Settings) -> list[str]:
         "--log-level",
         "warning",
         "--timeout-graceful-shutdown",
-        "10",
+        str(API_GRACEFUL_S),
     ]
 
 
@@ -121,44 +139,166 @@ def embedded_redis_command(settings: Settings, port: int) -> list[str]:
     ]
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def interrupt_on_signals() -> None:
+    """SIGTERM (a container runtime, ``timeout``, systemd) and SIGHUP (a closed terminal) unwind
+    like Ctrl-C, so the ``finally``/``with`` that started children stops them; by default both
+    would end this process at once and leave its children, each in a session of its own, running."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupt)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[list[int]]:
+    """Record SIGINT/SIGTERM/SIGHUP instead of acting on them while the block runs: an interrupt
+    between starting a child and recording it, or in the middle of stopping, would leave
+    processes behind. Yields the signals received so far (the main thread only; elsewhere none)."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    previous = {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS}
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, lambda signum, frame: received.append(signum))
+    try:
+        yield received
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 @dataclass
 class Child:
     name: str
     proc: subprocess.Popen[bytes]
     stop_signal: int = signal.SIGTERM
+    last: bool = False  # stopped after the others (Redis: they still write to it while they drain)
 
 
-@dataclass
+_live: weakref.WeakSet[Supervisor] = weakref.WeakSet()
+
+
+@dataclass(eq=False)
 class Supervisor:
-    """Starts children in their own process groups; stop() ends them all, in reverse order."""
+    """Starts children in their own process groups; stop() ends them all within
+    ``grace_s + last_grace_s`` (plus the kills), whatever they do with their signal."""
 
-    grace_s: float = 30.0
+    grace_s: float = STOP_GRACE_S
+    last_grace_s: float = REDIS_GRACE_S
     children: list[Child] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        _live.add(self)
+
+    def __enter__(self) -> Supervisor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def start(
-        self, name: str, cmd: list[str], env: dict[str, str], *, stop_signal: int = signal.SIGTERM
+        self,
+        name: str,
+        cmd: list[str],
+        env: dict[str, str],
+        *,
+        stop_signal: int = signal.SIGTERM,
+        last: bool = False,
+        stdout: IO[bytes] | int | None = None,
+        nice: int | None = None,
     ) -> Child:
+        """Start ``cmd``; ``stdout`` (a file or DEVNULL) takes stderr too; ``nice`` is an absolute
+        nice value for the child, whatever this process's own."""
         # A new session keeps a terminal's Ctrl-C away from the children (an engine core
-        # killed first fails in-flight work); the supervisor signals them in order instead.
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-        child = Child(name, proc, stop_signal)
-        self.children.append(child)
+        # killed first fails in-flight work); the supervisor signals them instead.
+        with _signals_held() as received:
+            proc = subprocess.Popen(
+                cmd,
+                env=env,
+                stdout=stdout,
+                stderr=subprocess.STDOUT if stdout is not None else None,
+                start_new_session=True,
+                preexec_fn=None if nice is None else (lambda: os.setpriority(os.PRIO_PROCESS, 0, nice)),
+            )
+            child = Child(name, proc, stop_signal, last)
+            self.children.append(child)
+        for signum in received:
+            signal.raise_signal(signum)  # now that the child is recorded, act on it
         return child
 
     def exited(self) -> Child | None:
         return next((c for c in self.children if c.proc.poll() is not None), None)
 
-    def stop(self) -> None:
-        """Stop in reverse start order: the API stops admitting before the workers drain,
-        and Redis goes last so draining workers can still write their results."""
-        for child in reversed(self.children):
+    def stop(self, *names: str) -> float:
+        """Stop the named children (all when none is named) and return the seconds it took.
+
+        Every one but the ``last`` is signalled at once; whichever has not exited after
+        ``grace_s`` is killed with its whole process group (an engine core orphaned by its
+        worker included), and so is the group of each that did exit. Then the ``last`` ones
+        the same way. A second Ctrl-C or SIGTERM meanwhile skips the rest of the grace."""
+        chosen = [c for c in self.children if not names or c.name in names]
+        started = time.monotonic()
+        with _signals_held() as received:
+            for group, grace_s in (
+                ([c for c in chosen if not c.last], self.grace_s),
+                ([c for c in chosen if c.last], self.last_grace_s),
+            ):
+                _stop_together(group, grace_s, received)
+            self.children = [c for c in self.children if c not in chosen]
+        return time.monotonic() - started
+
+
+def _live_groups() -> set[int]:
+    """The process groups that still hold a live (not zombie) process. A zombie is skipped: one
+    orphaned to a parent that never reaps it (this process as a container's PID 1) stays one."""
+    groups: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        # Fields after the command name, which is in parentheses and may hold spaces: state, ppid, pgrp.
+        state, _ppid, pgrp = stat[stat.rindex(b")") + 2 :].split()[:3]
+        if state != b"Z":
+            groups.add(int(pgrp))
+    return groups
+
+
+def _stop_together(children: list[Child], grace_s: float, hurry: list[int]) -> None:
+    for child in children:
+        if child.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                if child.proc.poll() is None:
-                    child.proc.send_signal(child.stop_signal)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.proc.wait(self.grace_s)
-            # Whatever is left in the group (an orphaned engine core, say) goes too.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(child.proc.pid, signal.SIGKILL)
-            child.proc.wait()
-        self.children.clear()
+                child.proc.send_signal(child.stop_signal)
+    # Wait for whole groups, not just the children: what a worker leaves to finish after it
+    # (multiprocessing's resource tracker unlinking shared memory, say) gets the grace too.
+    deadline = time.monotonic() + grace_s
+    while not hurry and time.monotonic() < deadline:
+        if all(c.proc.poll() is not None for c in children) and not (
+            _live_groups() & {c.proc.pid for c in children}
+        ):
+            break
+        time.sleep(0.05)
+    for child in children:
+        if child.proc.poll() is None:
+            log.warning(
+                "%s did not exit within %.0f s of its signal: killing its process group", child.name, grace_s
+            )
+        # Whatever is left in the group (an orphaned engine core, say) goes too.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.proc.pid, signal.SIGKILL)
+    for child in children:
+        child.proc.wait()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """Whatever a program left running when it exits (an exception past its ``finally``, say)."""
+    for supervisor in list(_live):
+        if supervisor.children:
+            supervisor.stop()
