@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from celery.exceptions import Reject
-from celery.signals import worker_init, worker_shutdown
+from celery.signals import worker_init, worker_shutdown, worker_shutting_down
 
 from broker import jobs, metrics
 from broker.celery_app import create_celery
@@ -56,6 +56,15 @@ def _start_engine(**_: object) -> None:
     _tokenizer = AutoTokenizer.from_pretrained(generation_model_path(settings))
     _engine = TransformersEngine(settings) if settings.engine == "transformers" else EngineHost(settings)
     _engine.start()
+
+
+@worker_shutting_down.connect(weak=False)
+def _hand_back(**_: object) -> None:
+    """On SIGTERM/SIGINT, before the pool waits for its tasks: each generation in flight ends
+    with EngineUnavailable and its task is requeued now, so nothing accepted waits on this
+    worker's exit (a generation can outlast any supervisor's grace on a CPU host)."""
+    if isinstance(_engine, EngineHost):
+        _engine.hand_back()
 
 
 @worker_shutdown.connect(weak=False)
@@ -122,7 +131,8 @@ def generate(
                 pieces.append(delta.text)
                 writer.emit("token", {"text": delta.text})
     except EngineUnavailable as exc:
-        # The engine died under us (e.g. Ctrl-C reached its process first): give the task back.
+        # The engine died under us (e.g. Ctrl-C reached its process first) or the worker is
+        # stopping: give the task back.
         log.warning("engine unavailable for %s, requeueing: %s", request_id, exc)
         raise Reject(str(exc), requeue=True) from exc
     except GenerationTimeout as exc:

@@ -42,6 +42,7 @@ class Delta:
 
 
 _END = object()
+_CORE_EXIT_S = 2.0  # how long the engine core may take to exit on shutdown before vLLM kills it
 
 
 def configure_cpu_env(settings: Settings) -> None:
@@ -82,6 +83,8 @@ class EngineHost:
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-loop", daemon=True)
         self._engine: Any = None
         self._stopping = False
+        self._lock = threading.Lock()
+        self._open: set[queue.Queue[Any]] = set()  # the output queue of each stream in flight
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -115,11 +118,16 @@ class EngineHost:
             output_kind=RequestOutputKind.DELTA,
         )
         out_q: queue.Queue[Any] = queue.Queue()
+        with self._lock:
+            self._open.add(out_q)
+            if self._stopping:  # hand_back() ran since the check above
+                out_q.put(EngineUnavailable("the worker is shutting down"))
         future = asyncio.run_coroutine_threadsafe(self._pump(request_id, prompt, params, out_q), self._loop)
         deadline = time.monotonic() + timeout_s
         finished = False
         try:
-            while True:
+            # Ends at the last delta, not at _END: a hand_back() in between must not requeue it.
+            while not finished:
                 try:
                     item = out_q.get(timeout=max(0.0, deadline - time.monotonic()))
                 except queue.Empty:
@@ -131,6 +139,8 @@ class EngineHost:
                 finished = item.finished
                 yield item
         finally:
+            with self._lock:
+                self._open.discard(out_q)
             if not finished:
                 # Cancelling the coroutine aborts the request inside the engine.
                 self._cancel(future)
@@ -164,15 +174,28 @@ class EngineHost:
         finally:
             out_q.put(_END)
 
+    def hand_back(self) -> None:
+        """Refuse new requests and end every one in flight with EngineUnavailable, which its task
+        turns into a requeue: a stopping worker hands its work back at once instead of holding
+        its shutdown for whole generations, longer than a supervisor's grace on a CPU host.
+        Safe from a signal handler on a thread that never streams (it only puts on queues)."""
+        with self._lock:
+            self._stopping = True
+            for out_q in self._open:
+                out_q.put(EngineUnavailable("the worker is shutting down"))
+
     def shutdown(self) -> None:
         """Stop the engine and its core process; without this SIGTERM hangs the worker."""
-        self._stopping = True
+        self.hand_back()
         if self._engine is not None:
             engine = self._engine
             self._engine = None
 
             async def _stop() -> None:
-                engine.shutdown()
+                # Nothing of the core's needs saving once its requests are handed back: a short
+                # wait before vLLM kills it (its default is longer) keeps the worker's exit
+                # inside the supervisor's grace.
+                engine.shutdown(timeout=_CORE_EXIT_S)
 
             try:
                 asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(30)
