@@ -130,7 +130,7 @@ class Settings(BaseSettings):
     # Penalises tokens by how often the answer has already used them (OpenAI's semantics; the
     # prompt is not counted, so copying a fact from a source is not penalised): a small model
     # decoding greedily otherwise tends to repeat its own sentence until the token limit.
-    frequency_penalty: float = 0.5
+    frequency_penalty: float = 1.0
     generation_timeout_s: float = 120.0
     # Early exit: answer with the best source, without generating, when its score clears this
     # threshold and the request allows it. 0 turns it off (the default).

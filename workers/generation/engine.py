@@ -115,6 +115,7 @@ class EngineHost:
             max_tokens=max_tokens,
             min_tokens=min(self._settings.min_new_tokens, max_tokens),
             temperature=self._settings.temperature,
+            frequency_penalty=self._settings.frequency_penalty,
             output_kind=RequestOutputKind.DELTA,
         )
         out_q: queue.Queue[Any] = queue.Queue()

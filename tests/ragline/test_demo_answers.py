@@ -1,0 +1,98 @@
+"""The demo's answers are readable: on the demo corpus, with the demo's questions and the settings a
+user gets (the host's dtype, the default penalty and answer length), no answer says a sentence twice.
+
+Retrieval, prompt building and the vLLM engine are ragline's own (ingest, index, the worker's prompt
+builder, EngineHost); only the queues between them are left out.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from broker.settings import Settings
+from ragline.demo import QUESTIONS, write_demo_corpus
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def repeated_sentences(answer: str) -> list[str]:
+    seen: set[str] = set()
+    repeated = []
+    for sentence in _SENTENCE_END.split(answer):
+        key = " ".join(sentence.lower().split()).rstrip(".!?")
+        if len(key.split()) < 4:  # "Yes." twice is no loop
+            continue
+        if key in seen:
+            repeated.append(sentence)
+        seen.add(key)
+    return repeated
+
+
+def test_repeated_sentences_finds_a_loop() -> None:
+    loop = "It is a feature of the interpreter. It is a feature of the interpreter. Yes. Yes."
+    assert repeated_sentences(loop) == ["It is a feature of the interpreter."]
+    assert repeated_sentences("One thing is said here. Another thing is said there.") == []
+
+
+def test_demo_answers_say_no_sentence_twice(
+    settings: Settings, prepared_model: Path, embedder, tmp_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    from broker import indexes
+    from broker.keys import Keys
+    from broker.redis_pool import sync_client
+    from workers.generation.engine import EngineHost
+    from workers.generation.prompt import build_rag_prompt
+    from workers.retrieval import index_store
+    from workers.retrieval.ingest import ingest
+
+    defaults = Settings()
+    demo = settings.model_copy(
+        update={
+            "home": tmp_path,
+            "key_prefix": "ragline-demo-answers",
+            # What a user's demo runs with, not the suite's exact-text settings.
+            "dtype": defaults.dtype,
+            "max_new_tokens": defaults.max_new_tokens,
+            "frequency_penalty": defaults.frequency_penalty,
+            "chunk_words": defaults.chunk_words,
+            "chunk_overlap_words": defaults.chunk_overlap_words,
+            "max_num_seqs": 4,
+        }
+    )
+    (tmp_path / "models").symlink_to(settings.models_dir.resolve(), target_is_directory=True)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_demo_corpus(corpus)
+    ingest(demo, [corpus], index_name="demo", embedder=embedder, progress=False)
+    info = indexes.lookup(sync_client(demo), Keys(demo.key_prefix), "demo")
+    assert info is not None
+    loaded = index_store.load(info, ef_search=demo.hnsw_ef_search)
+    tokenizer = AutoTokenizer.from_pretrained(prepared_model)
+
+    engine = EngineHost(demo)
+    engine.start()
+    try:
+        for i, question in enumerate(QUESTIONS):
+            hits = loaded.search(embedder.encode([question]), 3)[0]
+            sources = [
+                {"chunk_id": c.chunk_id, "source": c.source, "title": c.title, "text": c.text, "score": s}
+                for c, s in hits
+            ]
+            prompt = build_rag_prompt(demo, tokenizer, question, sources)
+            answer = "".join(
+                d.text
+                for d in engine.stream(
+                    f"demo-{i}", prompt.text, max_tokens=demo.max_new_tokens, timeout_s=300
+                )
+            )
+            assert answer.strip(), question
+            assert repeated_sentences(answer) == [], f"{question!r} -> {answer!r}"
+    finally:
+        engine.shutdown()
