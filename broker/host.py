@@ -10,6 +10,7 @@ here imports torch or vllm.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -22,7 +23,7 @@ NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 @dataclass(frozen=True, slots=True)
 class Host:
-    cores: tuple[int, ...]  # the CPUs this process may run on
+    cores: tuple[int, ...]  # the CPUs this process may run on, as many as its CPU quota allows
     memory_bytes: int
     cpu_flags: frozenset[str]
     gpus: int  # NVIDIA devices the driver reports
@@ -61,10 +62,28 @@ def _gpus(root: Path = Path("/proc/driver/nvidia/gpus")) -> int:
         return 0
 
 
+def cpu_quota(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int | None:
+    """Whole CPUs the cgroup's quota allows (cgroup v2 ``cpu.max``, as a container's CPU limit
+    sets it), or None without a quota. A quota does not shrink the affinity mask: a pod limited
+    to 2 CPUs on a 64-core node still sees 64, and 64 threads there would only wait on each other."""
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    return max(1, math.ceil(int(quota) / int(period)))
+
+
+def usable_cores(affinity: set[int], quota: int | None) -> tuple[int, ...]:
+    ordered = tuple(sorted(affinity))
+    return ordered if quota is None else ordered[:quota]
+
+
 @lru_cache(maxsize=1)
 def detect() -> Host:
     return Host(
-        cores=tuple(sorted(os.sched_getaffinity(0))),
+        cores=usable_cores(os.sched_getaffinity(0), cpu_quota()),
         memory_bytes=_memory_bytes(),
         cpu_flags=_cpu_flags(),
         gpus=_gpus(),
@@ -122,3 +141,19 @@ def engine_cores(host: Host) -> Choice:
 
 def torch_threads(host: Host) -> Choice:
     return Choice(len(host.cores), f"one per core this process may use ({len(host.cores)})")
+
+
+# Up to this many cores, the encoder and the engine of one host share every core: split, each
+# would lose half of what it has alone, and a lone request uses one stage at a time.
+SHARED_CORES_MAX = 4
+
+
+def generation_nice(host: Host) -> Choice:
+    if host.gpus:
+        return Choice(0, "a GPU host: the engine computes on the GPU")
+    if len(host.cores) <= SHARED_CORES_MAX:
+        # A retrieval is a few milliseconds of every core; an answer is seconds of them. At a
+        # lower priority the engine yields the cores to a retrieval (and to the API) at once and
+        # takes them back when it is done, instead of both spinning on every core meanwhile.
+        return Choice(10, f"{len(host.cores)} cores shared by the encoder and the engine: retrieval first")
+    return Choice(0, f"{len(host.cores)} cores: the engine need not yield to the encoder")

@@ -44,7 +44,7 @@ def test_cores_come_from_the_affinity_not_a_literal() -> None:
 
 def test_detect_reads_this_process() -> None:
     here = host.detect()
-    assert here.cores == tuple(sorted(os.sched_getaffinity(0)))
+    assert here.cores == host.usable_cores(os.sched_getaffinity(0), host.cpu_quota())
     assert here.memory_bytes > 0
 
 
@@ -66,3 +66,20 @@ def test_settings_from_the_environment_win(monkeypatch) -> None:
     monkeypatch.setenv("RAGLINE_DTYPE", "bfloat16")
     s = Settings()
     assert (s.cpu_omp_threads_bind, s.dtype) == ("1", "bfloat16")
+
+
+def test_a_cpu_quota_bounds_the_cores(tmp_path) -> None:
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("150000 100000\n")
+    assert host.cpu_quota(cpu_max) == 2
+    cpu_max.write_text("max 100000\n")
+    assert host.cpu_quota(cpu_max) is None
+    assert host.cpu_quota(tmp_path / "missing") is None
+    assert host.usable_cores({7, 1, 3, 5}, 2) == (1, 3)
+    assert host.usable_cores({7, 1}, None) == (1, 7)
+
+
+def test_generation_yields_to_retrieval_on_a_small_host() -> None:
+    assert host.generation_nice(_host(cores=2)).value == 10
+    assert host.generation_nice(_host(cores=16)).value == 0
+    assert host.generation_nice(_host(cores=2, gpus=1)).value == 0
