@@ -2,9 +2,11 @@
 
 Called after the result cache missed and before anything is enqueued. It reads this process's
 copy of the backpressure snapshot (no I/O): a RAG request needs retrieval's and generation's
-predicted waits to fit its deadline; if only retrieval fits, the request is answered with its
-sources alone (when it allows that); if retrieval does not fit either, it is refused with a
-Retry-After computed from the predicted wait. Fixed per-queue depth limits apply alongside.
+predicted waits (from measured service times at the concurrency it will find, see
+:meth:`broker.backpressure.QueueLoad.predicted_wait_s`) to fit its deadline; if only retrieval
+fits, the request is answered with its sources alone (when it allows that); if retrieval does not
+fit either, it is refused with a Retry-After computed from the predicted wait. Fixed per-queue
+depth limits apply alongside.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ class Decision:
     reason: str = ""
     message: str = ""  # a 503's message, or a degraded answer's notice
     retry_after_s: int = 0
+    # What the request was predicted to wait for its answer (retrieval's alone when degraded);
+    # None when nothing was predicted (admission off, no fresh snapshot).
+    wait_s: float | None = None
 
     @property
     def degraded(self) -> bool:
@@ -98,12 +103,12 @@ class Admission:
                 self._retry_after(wait_r, deadline_s),
             )
         if mode == "retrieval":
-            return ADMIT
+            return Decision(Action.ADMIT, wait_s=wait_r)
         in_transit = self._count_in_transit()
         wait = wait_r + generation.predicted_wait_s(in_transit)
         generation_full = 0 < s.max_depth_generation <= generation.depth + in_transit
         if not (generation_full or wait > deadline_s):
-            return ADMIT
+            return Decision(Action.ADMIT, wait_s=wait)
         reason = "generation_queue_full" if generation_full else "generation_busy"
         why = f"generation's predicted wait {_seconds(wait)} exceeds the deadline {deadline_s:.1f} s"
         if allow_degraded:
@@ -113,6 +118,7 @@ class Admission:
                 reason,
                 f"Generation is busy ({why}): this answer has the retrieved sources only. "
                 "Retry later for a generated answer, or send a longer X-Request-Deadline-Ms.",
+                wait_s=wait_r,
             )
         return self._reject(reason, f"overloaded: {why}", self._retry_after(wait, deadline_s))
 

@@ -1,12 +1,12 @@
 -- Refresh the shared backpressure snapshot, at most once per lease, in one round trip.
--- Whoever wins the lease measures the queues and folds the completions since the last refresh
--- into each queue's service-rate EWMA; everyone else gets the current snapshot back.
+-- Whoever wins the lease measures the queues and folds the tasks finished since the last refresh
+-- into each queue's service-time sums; everyone else gets the current snapshot back.
 --
 -- KEYS[1] snapshot hash     KEYS[2] lease     KEYS[3] kombu's unacked hash
--- then for queue i (0-based): KEYS[4+6i] its done hash {requests, tasks, seconds},
+-- then for queue i (0-based): KEYS[4+6i] its done hash (see count_done in backpressure.py),
 --                             KEYS[5+6i .. 8+6i] its priority lists (kombu: q, q\x06\x163, ...),
 --                             KEYS[9+6i] its worker heartbeats (sorted set, unix seconds)
--- ARGV[1] lease (ms)   ARGV[2] EWMA time constant (s)   ARGV[3] now (ms; '' = Redis TIME)
+-- ARGV[1] lease (ms)   ARGV[2] rate EWMA time constant (s)   ARGV[3] now (ms; '' = Redis TIME)
 -- ARGV[4] heartbeat ttl (s)   ARGV[5..] queue names, in KEYS order
 -- Returns {1, fields} after a refresh, {0, fields} when another process holds the lease;
 -- fields are the snapshot hash as HGETALL gives it.
@@ -52,61 +52,72 @@ local fields = {'t', tostring(now)}
 
 local function fmt(x) return string.format('%.6f', x) end
 
+-- Each finished task's weight in the service-time sums falls by a fiftieth per later task: the
+-- last few dozen tasks count, and time alone (idle, or one long task running) changes nothing.
+local KEEP = 0.98
+-- The done hash's counters (running totals), as count_done writes them.
+local COUNTERS = {'requests', 'tasks', 'seconds', 'concurrency', 'concurrency_sq', 'concurrency_seconds'}
+-- The weighted sums over recent tasks: count, requests, c, s, c^2, c*s (c = concurrency, s = seconds).
+local SUMS = {'fit_n', 'fit_r', 'fit_c', 'fit_s', 'fit_cc', 'fit_cs'}
+
 for i, q in ipairs(queues) do
   local base = 4 + (i - 1) * 6
   local waiting = 0
   for j = 1, 4 do waiting = waiting + redis.call('LLEN', KEYS[base + j]) end
-  local done = redis.call('HMGET', KEYS[base], 'requests', 'tasks', 'seconds')
-  local done_requests = tonumber(done[1]) or 0
-  local done_tasks = tonumber(done[2]) or 0
-  local done_seconds = tonumber(done[3]) or 0
-  local prev = redis.call('HMGET', KEYS[1], q .. ':depth', q .. ':done_requests', q .. ':done_tasks',
-    q .. ':rate', q .. ':task_rate', q .. ':known', q .. ':done_seconds', q .. ':service')
-  local prev_depth = tonumber(prev[1]) or 0
-  local rate = tonumber(prev[4]) or 0
-  local task_rate = tonumber(prev[5]) or 0
-  local known = tonumber(prev[6]) or 0
-  local service = tonumber(prev[8]) or 0
-  if fresh and prev[2] then
-    -- A counter that went backwards was reset (FLUSHDB): count nothing for this interval.
-    local d_requests = math.max(0, done_requests - tonumber(prev[2]))
-    local d_tasks = math.max(0, done_tasks - tonumber(prev[3]))
-    -- The rate is what the queue serves while it has work: idle intervals leave it alone, so a
-    -- burst after a quiet spell meets the last busy rate, not a rate decayed to zero. Busy
-    -- intervals without a completion pull it down, which is how a stalled queue shows.
-    if prev_depth > 0 or d_tasks > 0 then
-      rate = rate + alpha * (d_requests / dt - rate)
-      task_rate = task_rate + alpha * (d_tasks / dt - task_rate)
-      if d_tasks > 0 then known = 1 end
-    end
-    -- Service time: what one task takes served alone, as the lower envelope of recent tasks'
-    -- times: it falls at once to a quicker mean and rises slowly (a fiftieth per task) towards a
-    -- slower one, since tasks served together with many others take longer than one alone. (An
-    -- EWMA learnt the loaded time, refused everything by it, and, with nothing admitted, never
-    -- saw a task to unlearn it.)
-    local d_seconds = done_seconds - (tonumber(prev[7]) or 0)
-    if d_tasks > 0 and d_seconds > 0 then
-      local mean = d_seconds / d_tasks
-      if service == 0 or mean < service then
-        service = mean
-      else
-        service = service + (1 - 0.98 ^ d_tasks) * (mean - service)
-      end
-    end
+  local done = redis.call('HMGET', KEYS[base], 'requests', 'tasks', 'seconds', 'concurrency', 'concurrency_sq',
+    'concurrency_seconds', 'slots')
+  local prev_names = {q .. ':waiting', q .. ':depth', q .. ':rate', q .. ':known', q .. ':busy_ms', q .. ':slots'}
+  for _, c in ipairs(COUNTERS) do prev_names[#prev_names + 1] = q .. ':done_' .. c end
+  for _, f in ipairs(SUMS) do prev_names[#prev_names + 1] = q .. ':' .. f end
+  local prev = redis.call('HMGET', KEYS[1], unpack(prev_names))
+  local prev_waiting = tonumber(prev[1]) or 0
+  local prev_depth = tonumber(prev[2]) or 0
+  local rate = tonumber(prev[3]) or 0
+  local known = tonumber(prev[4]) or 0
+  local busy_ms = tonumber(prev[5]) or 0
+  local slots = tonumber(done[7]) or tonumber(prev[6]) or 1
+  local totals, deltas, sums = {}, {}, {}
+  local counted = prev[7] ~= false  -- a previous refresh saw the counters: the deltas mean something
+  for k = 1, #COUNTERS do
+    totals[k] = tonumber(done[k]) or 0
+    local d = totals[k] - (tonumber(prev[6 + k]) or 0)
+    -- A counter that went backwards was reset (FLUSHDB): count nothing for this refresh.
+    if d < 0 then counted = false end
+    deltas[k] = d
+  end
+  for k = 1, #SUMS do sums[k] = tonumber(prev[6 + #COUNTERS + k]) or 0 end
+  local d_requests, d_tasks = deltas[1], deltas[2]
+  if not counted then d_requests, d_tasks = 0, 0 end
+  if d_tasks > 0 then
+    -- Service times: what the tasks took in the worker, against how many tasks that worker ran
+    -- at once meanwhile; admission reads a line through them (QueueLoad in backpressure.py).
+    local keep = KEEP ^ d_tasks
+    local d_sums = {d_tasks, d_requests, deltas[4], deltas[3], deltas[5], deltas[6]}
+    for k = 1, #SUMS do sums[k] = sums[k] * keep + d_sums[k] end
+    known = 1
+  end
+  if fresh then
+    -- The completion rate is for the gauge only (admission does not read it). It moves while work
+    -- waits or tasks finish; a task still running with nothing behind it says nothing about the
+    -- rate until it ends (decaying it then is what made one slow request look like a stall).
+    if prev_waiting > 0 or d_tasks > 0 then rate = rate + alpha * (d_requests / dt - rate) end
+    -- How long the queue has held work without a task finishing: how a stall shows.
+    if d_tasks > 0 or prev_depth == 0 then busy_ms = 0 else busy_ms = busy_ms + dt * 1000 end
   end
   local depth = waiting + in_flight[q]
+  if depth == 0 then busy_ms = 0 end
   local live = redis.call('ZCOUNT', KEYS[base + 5], now / 1000 - heartbeat_ttl, '+inf')
-  fields[#fields + 1] = q .. ':waiting';       fields[#fields + 1] = tostring(waiting)
-  fields[#fields + 1] = q .. ':in_flight';     fields[#fields + 1] = tostring(in_flight[q])
-  fields[#fields + 1] = q .. ':depth';         fields[#fields + 1] = tostring(depth)
-  fields[#fields + 1] = q .. ':done_requests'; fields[#fields + 1] = tostring(done_requests)
-  fields[#fields + 1] = q .. ':done_tasks';    fields[#fields + 1] = tostring(done_tasks)
-  fields[#fields + 1] = q .. ':rate';          fields[#fields + 1] = fmt(rate)
-  fields[#fields + 1] = q .. ':task_rate';     fields[#fields + 1] = fmt(task_rate)
-  fields[#fields + 1] = q .. ':known';         fields[#fields + 1] = tostring(known)
-  fields[#fields + 1] = q .. ':live_workers';  fields[#fields + 1] = tostring(live)
-  fields[#fields + 1] = q .. ':done_seconds';  fields[#fields + 1] = fmt(done_seconds)
-  fields[#fields + 1] = q .. ':service';       fields[#fields + 1] = fmt(service)
+  local function put(name, value) fields[#fields + 1] = q .. ':' .. name; fields[#fields + 1] = value end
+  put('waiting', tostring(waiting))
+  put('in_flight', tostring(in_flight[q]))
+  put('depth', tostring(depth))
+  put('rate', fmt(rate))
+  put('known', tostring(known))
+  put('live_workers', tostring(live))
+  put('slots', tostring(slots))
+  put('busy_ms', tostring(math.floor(busy_ms)))
+  for k, c in ipairs(COUNTERS) do put('done_' .. c, fmt(totals[k])) end
+  for k, f in ipairs(SUMS) do put(f, fmt(sums[k])) end
 end
 redis.call('HSET', KEYS[1], unpack(fields))
 return {1, fields}

@@ -1,12 +1,14 @@
-"""The backpressure monitor: how much work waits on each queue and how fast it is served.
+"""The backpressure monitor: how much work waits on each queue and how long its tasks take.
 
 Per queue, from Redis as kombu lays it out (see ARCHITECTURE.md): the waiting depth is the sum of
 LLEN over the queue's priority lists, the in-flight count is that queue's entries in kombu's
 ``unacked`` hash (prefetch is 1, so that is what the workers hold, running or about to), and the
-true depth is both. The service rate is an exponentially weighted rate of completions, fed by the
-workers' ``done`` counters, which also carry each task's time in the worker. By Little's law a
-new request has its answer after about (depth + 1) / rate, the work ahead of it and then its
-own, but never sooner than one task alone takes (see :meth:`QueueLoad.predicted_wait_s`).
+true depth is both. Workers report each finished task (:func:`count_done`): its requests, its
+seconds in the worker, how many tasks that worker ran at once meanwhile, and how many it can run
+at once. A batching engine serves a task in a time that depends on how many it batches with, so
+a new request's predicted wait is read from the recent tasks' times at the concurrency it will
+find (see :meth:`QueueLoad.predicted_wait_s`), never from a completion rate: while one slow task
+runs alone no completion comes, and a rate measured then fell towards zero and predicted hours.
 
 Measuring costs one Lua script (``backpressure.lua``) and is done at most every
 ``backpressure_refresh_ms`` across all API processes: the script takes a short lease, and the one
@@ -21,12 +23,14 @@ import asyncio
 import contextlib
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
+from celery.signals import task_postrun, task_prerun
 from kombu.transport.redis import PRIORITY_STEPS, Channel
 
 from broker import metrics
@@ -36,19 +40,151 @@ log = logging.getLogger(__name__)
 
 _REFRESH = resources.files("broker").joinpath("backpressure.lua").read_text()
 
+# Below this variance of the tasks' concurrency (half a task's spread) their times say nothing
+# about how concurrency changes a task's time: a line through them would be noise.
+MIN_CONCURRENCY_VARIANCE = 0.25
+# A queue that holds work and has finished nothing for this many times a task's expected time
+# (and at least STALL_MIN_S) is stalled: its predicted wait is infinite.
+STALL_FACTOR = 4.0
+STALL_MIN_S = 5.0
+
 
 def priority_lists(queue: str) -> list[str]:
     """The Redis lists kombu spreads one queue over, one per priority step (``q``, ``q\\x06\\x163``, ...)."""
     return [f"{queue}{Channel.sep}{p}" if p else queue for p in PRIORITY_STEPS]
 
 
-def count_done(pipe: Any, keys: Keys, queue: str, requests: int, seconds: float = 0.0) -> None:
-    """Add one finished task of ``requests`` requests, served in ``seconds``, to a worker's
-    pipeline (no extra round trip)."""
-    pipe.hincrby(keys.done(queue), "requests", requests)
-    pipe.hincrby(keys.done(queue), "tasks", 1)
+def count_done(
+    pipe: Any,
+    keys: Keys,
+    queue: str,
+    requests: int,
+    seconds: float = 0.0,
+    *,
+    concurrency: float = 1.0,
+    slots: int = 1,
+) -> None:
+    """Add one finished task to a worker's pipeline (no extra round trip): ``requests`` requests
+    served in ``seconds``, while its worker ran ``concurrency`` tasks at once on average (itself
+    included), out of the ``slots`` it can run at once (a solo pool's 1 by default)."""
+    done = keys.done(queue)
+    pipe.hincrby(done, "requests", requests)
+    pipe.hincrby(done, "tasks", 1)
     if seconds > 0:
-        pipe.hincrbyfloat(keys.done(queue), "seconds", seconds)
+        pipe.hincrbyfloat(done, "seconds", seconds)
+    pipe.hincrbyfloat(done, "concurrency", concurrency)
+    pipe.hincrbyfloat(done, "concurrency_sq", concurrency * concurrency)
+    pipe.hincrbyfloat(done, "concurrency_seconds", concurrency * seconds)
+    pipe.hset(done, "slots", slots)
+
+
+class Occupancy:
+    """How many tasks of one name a worker process runs at once, averaged over each task's time.
+
+    :meth:`track` connects it to Celery's ``task_prerun`` and ``task_postrun``, which run in the
+    task's own thread, postrun however the task ends; the task itself only asks :meth:`mean`
+    when it reports its completion.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self.slots = max(1, slots)
+        self._lock = threading.Lock()
+        self._running = 0
+        self._area = 0.0  # task-seconds run so far, all tasks together
+        self._at = time.monotonic()
+        self._mine = threading.local()  # this thread's task: (when it began, area then)
+
+    def _advance(self) -> float:
+        now = time.monotonic()
+        self._area += self._running * (now - self._at)
+        self._at = now
+        return now
+
+    def enter(self) -> None:
+        with self._lock:
+            now = self._advance()
+            self._running += 1
+            self._mine.entered = (now, self._area)
+
+    def leave(self) -> None:
+        with self._lock:
+            self._advance()
+            self._running = max(0, self._running - 1)
+        self._mine.entered = None
+
+    def mean(self) -> float:
+        """Tasks running at once (this thread's included) on average since its task began; 1 outside one."""
+        entered = getattr(self._mine, "entered", None)
+        if entered is None:
+            return 1.0
+        with self._lock:
+            now = self._advance()
+            began, area = entered
+            return (self._area - area) / (now - began) if now > began else float(self._running)
+
+    def track(self, task_name: str) -> Occupancy:
+        def prerun(sender: Any = None, **_: object) -> None:
+            if getattr(sender, "name", None) == task_name:
+                self.enter()
+
+        def postrun(sender: Any = None, **_: object) -> None:
+            if getattr(sender, "name", None) == task_name:
+                self.leave()
+
+        task_prerun.connect(prerun, weak=False)
+        task_postrun.connect(postrun, weak=False)
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceTimes:
+    """Recent tasks' seconds in a worker against the concurrency c they ran at (tasks running at
+    once in that worker, on average, themselves included): sums over the tasks, each weighted down
+    by a fiftieth per later task (``backpressure.lua`` keeps them)."""
+
+    n: float = 0.0  # tasks
+    requests: float = 0.0
+    c: float = 0.0
+    s: float = 0.0
+    cc: float = 0.0
+    cs: float = 0.0
+
+    @classmethod
+    def of(cls, *tasks: tuple[float, float], requests_per_task: float = 1.0) -> ServiceTimes:
+        """Equal-weight sums of (seconds, concurrency) pairs (for hand-made snapshots)."""
+        return cls(
+            n=len(tasks),
+            requests=requests_per_task * len(tasks),
+            c=sum(c for _, c in tasks),
+            s=sum(s for s, _ in tasks),
+            cc=sum(c * c for _, c in tasks),
+            cs=sum(s * c for s, c in tasks),
+        )
+
+    @property
+    def requests_per_task(self) -> float:
+        return self.requests / self.n if self.n > 0 and self.requests > 0 else 1.0
+
+    def at(self, concurrency: float) -> float:
+        """A task's seconds when ``concurrency`` tasks run at once in its worker.
+
+        A batching engine's step takes a fixed time plus a little per sequence in the batch, so a
+        task's time is about linear in the concurrency: the weighted least-squares line through
+        recent tasks, its slope between flat (more company costs nothing) and proportional (the
+        engine's throughput is fixed). When the tasks all ran at about one concurrency, there is
+        no slope to see: below it the time is taken proportional, above it flat. Both guesses err
+        towards admitting, and an admitted task is a measurement; guessing high instead refuses
+        the very requests that would correct it (after an overload, nothing would run at low
+        concurrency again).
+        """
+        if self.n <= 0:
+            return 0.0
+        mean_c, mean_s = max(1.0, self.c / self.n), self.s / self.n
+        variance = self.cc / self.n - mean_c * mean_c
+        if variance >= MIN_CONCURRENCY_VARIANCE:
+            slope = (self.cs / self.n - mean_c * mean_s) / variance
+            return mean_s + min(max(slope, 0.0), mean_s / mean_c) * (concurrency - mean_c)
+        return mean_s * min(concurrency, mean_c) / mean_c
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,34 +192,50 @@ class QueueLoad:
     queue: str
     waiting: int = 0  # in the priority lists
     in_flight: int = 0  # delivered to a worker, not yet acknowledged
-    rate: float = 0.0  # requests completed per second while busy (EWMA)
-    task_rate: float = 0.0  # tasks completed per second while busy (EWMA)
-    known: bool = False  # a completion has been seen: the rate means something
+    known: bool = False  # a task has finished: its service times mean something
     live_workers: int = 0  # workers with a fresh heartbeat on this queue
-    service_s: float = 0.0  # one task's time in a worker served alone (lower envelope of recent ones)
+    slots: int = 1  # tasks one worker runs at once, as its tasks report it
+    service: ServiceTimes = ServiceTimes()
+    busy_s: float = 0.0  # how long the queue has held work without a task finishing
+    rate: float = 0.0  # requests completed per second while busy (EWMA; a gauge, not used to admit)
 
     @property
     def depth(self) -> int:
         """True depth in tasks: what a new task has ahead of it (and what an autoscaler should see)."""
         return self.waiting + self.in_flight
 
-    def predicted_wait_s(self, extra_requests: int = 0) -> float:
-        """Seconds until a request arriving now has its answer from this queue (Little's law).
+    @property
+    def stalled(self) -> bool:
+        """Work held and nothing finished for many times what the tasks in flight should take."""
+        if self.depth == 0:
+            return False
+        running = min(self.slots, max(1.0, self.in_flight / max(1, self.live_workers)))
+        return self.busy_s > max(STALL_MIN_S, STALL_FACTOR * self.service.at(running))
 
-        It waits for the ``depth`` tasks ahead and then for its own: (depth + 1) / task rate, but
-        never less than one task's own service time (a worker serving many tasks at once, like
-        a batching engine, completes them faster than it serves any one of them), plus
-        ``extra_requests`` / request rate for requests admitted but not yet on the queue.
-        Counted in tasks, a retrieval batch of 64 counts once, as it is served; for generation a
-        task is one request. An empty queue with no known rate predicts 0 (a cold start admits);
-        a queue with a known rate near zero (stalled) predicts infinity; unknown rate: 0 (admit;
-        the fixed depth limits are the guard until the first completion).
+    def predicted_wait_s(self, extra_requests: int = 0) -> float:
+        """Seconds until a request arriving now has its answer from this queue.
+
+        The workers run ``slots`` tasks each at once (a generation worker: its engine's batch; a
+        retrieval worker: one batch). With a slot free (what the queue holds, plus this one, fits
+        in them all), the new task starts at once and takes its own time at the concurrency it
+        joins. Otherwise it waits for as many tasks to finish as it is past the slots, the slots
+        freeing one every service time / capacity at full concurrency, and then takes its own
+        time there. ``extra_requests`` are admitted but not yet on the queue, counted as tasks at
+        the recent requests per task (a retrieval task is a coalesced batch; for generation a
+        task is one request). Before any task has finished: 0 (a cold start admits; the fixed
+        depth limits are the guard until then); a stalled queue: infinity.
         """
         if not self.known:
             return 0.0
-        if self.task_rate <= 1e-9 or self.rate <= 1e-9:
-            return 0.0 if self.depth == 0 and extra_requests == 0 else math.inf
-        return max(self.service_s, (self.depth + 1) / self.task_rate) + extra_requests / self.rate
+        if self.stalled:
+            return math.inf
+        workers = max(1, self.live_workers)
+        capacity = self.slots * workers
+        tasks = self.depth + extra_requests / self.service.requests_per_task + 1  # this one included
+        if tasks <= capacity:
+            return self.service.at(max(1.0, tasks / workers))
+        full = self.service.at(self.slots)
+        return (tasks - capacity) / capacity * full + full
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,11 +264,12 @@ def parse(fields: list[bytes] | list[str], queues: tuple[str, ...], *, received:
             queue=q,
             waiting=int(num(q, "waiting")),
             in_flight=int(num(q, "in_flight")),
-            rate=num(q, "rate"),
-            task_rate=num(q, "task_rate"),
             known=num(q, "known") > 0,
             live_workers=int(num(q, "live_workers")),
-            service_s=num(q, "service"),
+            slots=max(1, int(num(q, "slots"))),
+            service=ServiceTimes(*(num(q, f"fit_{name}") for name in ("n", "r", "c", "s", "cc", "cs"))),
+            busy_s=num(q, "busy_ms") / 1000,
+            rate=num(q, "rate"),
         )
         for q in queues
     }

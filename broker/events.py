@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import redis
 import redis.asyncio as aioredis
 
-from broker.backpressure import count_done
+from broker.backpressure import Occupancy, count_done
 from broker.event_batcher import StreamWriteError
 from broker.keys import Keys
 
@@ -47,6 +47,9 @@ class EventWriter:
     With a ``batch`` (a generation worker's :class:`~broker.event_batcher.EventBatcher` stream)
     token events go through the process's batcher instead of a round trip each; any other event
     waits until the tokens before it are written, so it lands after them.
+
+    With an ``occupancy`` (the worker's :class:`~broker.backpressure.Occupancy`) a completion
+    also reports how many tasks the worker ran at once meanwhile, and how many it can.
     """
 
     def __init__(
@@ -60,6 +63,7 @@ class EventWriter:
         job: JobTracker | None = None,
         batch: BatchedStream | None = None,
         flush_timeout_s: float = 10.0,
+        occupancy: Occupancy | None = None,
     ) -> None:
         self._client = client
         self._keys = keys
@@ -69,6 +73,7 @@ class EventWriter:
         self._job = job
         self._batch = batch
         self._flush_timeout_s = flush_timeout_s
+        self._occupancy = occupancy
         self._expiry_set = False
 
     @property
@@ -105,7 +110,7 @@ class EventWriter:
                 self._job.finish(self._key, type_, data, stream_ttl_s=self._ttl_s, maxlen=self._maxlen)
                 if completes:
                     pipe = self._client.pipeline(transaction=False)
-                    count_done(pipe, self._keys, completes, 1, service_s)
+                    self._count_done(pipe, completes, service_s)
                     pipe.execute()
                 return
             if type_ == "sources":
@@ -118,8 +123,13 @@ class EventWriter:
             pipe.expire(self._key, self._ttl_s)
             self._expiry_set = True
         if completes:
-            count_done(pipe, self._keys, completes, 1, service_s)
+            self._count_done(pipe, completes, service_s)
         pipe.execute()
+
+    def _count_done(self, pipe: Any, queue: str, service_s: float) -> None:
+        o = self._occupancy
+        concurrency, slots = (o.mean(), o.slots) if o is not None else (1.0, 1)
+        count_done(pipe, self._keys, queue, 1, service_s, concurrency=concurrency, slots=slots)
 
     def has_final(self) -> bool:
         """True when this request already finished (a redelivered task must not answer twice)."""

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, replace
 
 import pytest
+import redis
+import redis.asyncio as aioredis
 
 from api.admission import Action, Admission
-from broker.backpressure import QueueLoad, Snapshot
+from broker.backpressure import BackpressureMonitor, QueueLoad, ServiceTimes, Snapshot, count_done
+from broker.keys import Keys
+from broker.queues import GENERATION_QUEUE, RETRIEVAL_QUEUE
 from broker.settings import Settings
 
 
@@ -29,9 +36,18 @@ def _snapshot(retrieval: QueueLoad, generation: QueueLoad, at_ms: int = 1) -> Sn
 
 
 IDLE = QueueLoad("x")
-# retrieval: 1 batch ahead + its own at 20 batches/s = 0.1 s; generation: 12 ahead + its own at 2/s = 6.5 s
-R_OK = QueueLoad("retrieval", waiting=1, rate=600, task_rate=20, known=True)
-G_BUSY = QueueLoad("generation", waiting=4, in_flight=8, rate=2, task_rate=2, known=True)
+
+
+def _served(seconds: float, *, concurrency: float = 1.0, slots: int = 1, **load: int) -> QueueLoad:
+    """A queue whose recent tasks all took ``seconds`` at ``concurrency``, ``slots`` per worker."""
+    service = ServiceTimes.of((seconds, concurrency))
+    return QueueLoad("q", known=True, live_workers=1, slots=slots, service=service, **load)
+
+
+# retrieval: 1 batch of 0.05 s ahead, then its own = 0.1 s. generation: 8 slots held at 4 s a task
+# and 4 waiting: it starts once 5 have finished (one every 4 s / 8), then takes 4 s = 6.5 s
+R_OK = _served(0.05, waiting=1)
+G_BUSY = _served(4.0, concurrency=8, slots=8, waiting=4, in_flight=8)
 
 
 def _admission(snapshot: Snapshot | None, **settings: object) -> Admission:
@@ -60,14 +76,40 @@ def test_generation_too_slow_degrades_or_refuses() -> None:
     assert admission.decide("retrieval", allow_degraded=False, deadline_s=5).action is Action.ADMIT
 
 
+def test_nothing_waiting_admits_a_request_whose_own_time_fits() -> None:
+    # The snapshot of issue 17: one lone answer in flight (of 8 slots), lone answers take ~14 s.
+    lone = QueueLoad(
+        "generation",
+        in_flight=1,
+        known=True,
+        live_workers=1,
+        slots=8,
+        service=ServiceTimes.of((13.9, 1.0), (12.0, 1.0), (15.8, 1.0)),
+    )
+    admission = _admission(_snapshot(R_OK, lone))
+    d = admission.decide("rag", allow_degraded=True, deadline_s=30.0)
+    assert d.action is Action.ADMIT
+    assert d.wait_s == pytest.approx(0.1 + 13.9)  # retrieval, then a free slot: its own mean time
+    # Its own time past the deadline: degraded, whatever the queue.
+    assert admission.decide("rag", allow_degraded=True, deadline_s=10.0).action is Action.DEGRADE
+
+
+def test_decisions_carry_the_predicted_wait() -> None:
+    admission = _admission(_snapshot(R_OK, G_BUSY))
+    assert admission.decide("rag", allow_degraded=True, deadline_s=10).wait_s == pytest.approx(6.6)
+    assert admission.decide("retrieval", allow_degraded=True, deadline_s=10).wait_s == pytest.approx(0.1)
+    assert admission.decide("rag", allow_degraded=True, deadline_s=5).wait_s == pytest.approx(0.1)  # degraded
+    assert _admission(None).decide("rag", allow_degraded=True, deadline_s=5).wait_s is None
+
+
 def test_retrieval_too_slow_refuses_with_retry_after_from_the_predicted_wait() -> None:
-    slow = QueueLoad("retrieval", waiting=40, in_flight=1, rate=20, task_rate=2, known=True)  # 21 s
+    slow = _served(0.5, waiting=40, in_flight=1)  # 41 batches ahead, then its own: 21 s
     admission = _admission(_snapshot(slow, IDLE), retry_after_max_s=60)
     for mode in ("rag", "retrieval"):
         d = admission.decide(mode, allow_degraded=True, deadline_s=5)
         assert (d.action, d.reason, d.retry_after_s) == (Action.REJECT, "retrieval_busy", 16)
         assert "21.0 s" in d.message
-    stalled = QueueLoad("retrieval", waiting=1, rate=0, task_rate=0, known=True)
+    stalled = replace(_served(0.5, waiting=1), busy_s=600.0)  # nothing finished for 10 minutes
     d = _admission(_snapshot(stalled, IDLE), retry_after_max_s=30).decide(
         "rag", allow_degraded=True, deadline_s=5
     )
@@ -87,9 +129,9 @@ def test_fixed_depth_limits() -> None:
 
 
 def test_rag_requests_still_in_retrieval_count_against_generation() -> None:
-    # generation: 2 ahead + its own at 1/s = 3 s; each RAG request admitted here and not yet
-    # through retrieval (so not on the generation queue) adds 1 s, whatever the snapshot
-    snap = _snapshot(IDLE, QueueLoad("generation", in_flight=2, rate=1, task_rate=1, known=True))
+    # generation, one slot at 1 s a task: 2 ahead + its own = 3 s; each RAG request admitted here
+    # and not yet through retrieval (so not on the generation queue) adds 1 s, whatever the snapshot
+    snap = _snapshot(IDLE, _served(1.0, in_flight=2))
     monitor = FakeMonitor(snap)
     admission = Admission(Settings(), monitor)  # type: ignore[arg-type]
     outcomes = []
@@ -108,7 +150,7 @@ def test_rag_requests_still_in_retrieval_count_against_generation() -> None:
 
 
 def test_requests_in_transit_are_forgotten_after_the_request_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
-    snap = _snapshot(IDLE, QueueLoad("generation", rate=1, task_rate=1, known=True))
+    snap = _snapshot(IDLE, _served(1.0))
     admission = Admission(Settings(request_timeout_s=10), FakeMonitor(snap))  # type: ignore[arg-type]
     admission.admitted("rag", "lost")  # an async job, say: nobody here watches its retrieval
     assert admission.decide("rag", allow_degraded=True, deadline_s=1.5).action is Action.DEGRADE
@@ -129,3 +171,46 @@ def test_stale_snapshot_or_admission_off_admits() -> None:
 def test_deadline_header_is_clamped(header: int | None, expected: float) -> None:
     admission = _admission(None, default_deadline_ms=30_000, min_deadline_ms=100, max_deadline_ms=180_000)
     assert math.isclose(admission.deadline_s(header), expected)
+
+
+def test_a_slow_lone_generation_does_not_degrade_the_next_lone_request(redis_url: str) -> None:
+    """Issue 17, on the real monitor: lone answers of ~14 s, then one running for 35 s with
+    nothing queued. Each next lone request (30 s deadline) must be admitted, not degraded."""
+    keys = Keys(f"ragline-test-{uuid.uuid4().hex[:8]}")
+    sync = redis.Redis.from_url(redis_url)
+    queues = (RETRIEVAL_QUEUE, GENERATION_QUEUE)
+    monitor = BackpressureMonitor(
+        aioredis.Redis.from_url(redis_url), keys, queues, refresh_s=0.001, tau_s=5.0, heartbeat_ttl_s=6
+    )
+    admission = Admission(Settings(), monitor)
+    tag = f"adm-test-{uuid.uuid4().hex}"
+
+    async def scenario() -> list[Action]:
+        t = 1_000_000
+        actions = []
+
+        async def refresh() -> None:
+            nonlocal t
+            t += 250
+            await asyncio.sleep(0.002)  # past the 1 ms lease
+            await monitor.refresh(now_ms=t)
+
+        for seconds in (14.0, 13.5, 14.5, 35.0):
+            # A generation task of this many seconds in flight; nothing waits behind it.
+            sync.hset("unacked", tag, json.dumps([{}, GENERATION_QUEUE, GENERATION_QUEUE]))
+            for _ in range(int(seconds * 4)):
+                await refresh()
+                actions.append(admission.decide("rag", allow_degraded=True, deadline_s=30.0).action)
+            sync.hdel("unacked", tag)
+            pipe = sync.pipeline()
+            count_done(pipe, keys, RETRIEVAL_QUEUE, 1, 0.01)
+            count_done(pipe, keys, GENERATION_QUEUE, 1, seconds, concurrency=1.0, slots=8)
+            pipe.execute()
+            await refresh()
+        return actions
+
+    try:
+        actions = asyncio.run(scenario())
+    finally:
+        sync.hdel("unacked", tag)
+    assert Action.DEGRADE not in actions, f"{actions.count(Action.DEGRADE)} of {len(actions)} degraded"
