@@ -50,6 +50,9 @@ class Timings(BaseModel):
     retrieval_ms: float = 0.0
     generation_ms: float = 0.0
     total_ms: float = 0.0
+    predicted_wait_ms: float | None = Field(
+        default=None, description="Admission's predicted wait for this answer when it was admitted."
+    )
 
 
 class Usage(BaseModel):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import re
 import time
 from collections.abc import AsyncIterator, Coroutine
@@ -68,6 +69,7 @@ class StreamPlan:
 
     cached: bytes | None = None
     degraded: Decision | None = None
+    predicted_wait_s: float | None = None  # admission's, for the enqueued request
 
 
 def degraded_fields(decision: Decision | None) -> dict[str, Any]:
@@ -315,7 +317,7 @@ class QueryService:
     ) -> QueryResponse | bytes:
         started = time.perf_counter()
         if decision.action is Action.ADMIT:
-            return await self._serve(request_id, a, started, probe=probe)
+            return await self._serve(request_id, a, started, probe=probe, predicted_wait_s=decision.wait_s)
         # Overloaded: look the answer up without claiming its computation (single flight).
         if probe is not None:
             found = probe.found
@@ -325,7 +327,13 @@ class QueryService:
             return _splice(request_id, found.body)
         if decision.action is Action.REJECT:
             raise _overloaded(decision)
-        return await self._serve(request_id, replace(a, mode="retrieval"), started, degraded=decision)
+        return await self._serve(
+            request_id,
+            replace(a, mode="retrieval"),
+            started,
+            degraded=decision,
+            predicted_wait_s=decision.wait_s,
+        )
 
     async def _serve(
         self,
@@ -335,6 +343,7 @@ class QueryService:
         *,
         degraded: Decision | None = None,
         probe: Probe | None = None,
+        predicted_wait_s: float | None = None,
     ) -> QueryResponse | bytes:
         if probe is not None:
             found, key = probe.found, probe.key
@@ -351,7 +360,11 @@ class QueryService:
             if found.outcome is not Outcome.FOLLOW:
                 await self.enqueue(request_id, a, index_version=found.version, degraded=degraded)
             response, version = await self._collect(
-                request_id, source_id, started, settle=source_id == request_id
+                request_id,
+                source_id,
+                started,
+                settle=source_id == request_id,
+                predicted_wait_s=predicted_wait_s,
             )
         except BaseException:
             if leading:
@@ -398,10 +411,16 @@ class QueryService:
             if found.outcome is Outcome.HIT:
                 return StreamPlan(cached=found.body, degraded=degraded)
         await self.enqueue(request_id, a, index_version=found.version, degraded=degraded)
-        return StreamPlan(degraded=degraded)
+        return StreamPlan(degraded=degraded, predicted_wait_s=decision.wait_s)
 
     async def _collect(
-        self, request_id: str, source_id: str, started: float, *, settle: bool
+        self,
+        request_id: str,
+        source_id: str,
+        started: float,
+        *,
+        settle: bool,
+        predicted_wait_s: float | None = None,
     ) -> tuple[QueryResponse, str | None]:
         """The response built from ``source_id``'s events, and the index version it was computed on."""
         sources: list[dict[str, Any]] = []
@@ -421,6 +440,9 @@ class QueryService:
                         **event.data.get("timings", {}),
                         "total_ms": (time.perf_counter() - started) * 1000,
                     }
+                    if predicted_wait_s is not None and math.isfinite(predicted_wait_s):
+                        # Admission's prediction beside what happened (bench/overload.py compares them).
+                        timings["predicted_wait_ms"] = predicted_wait_s * 1000
                     usage = event.data.get("usage")
                     response = QueryResponse(
                         request_id=request_id,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import AsyncIterator
 
@@ -84,6 +85,7 @@ async def _relay(
     degraded: Decision | None = None,
     mode: str = "rag",
     abort_on_disconnect: bool = False,
+    predicted_wait_s: float | None = None,
 ) -> AsyncIterator[bytes]:
     finished = False
     try:
@@ -95,6 +97,8 @@ async def _relay(
                     time.perf_counter() - started
                 )
                 timings = {**data.get("timings", {}), "total_ms": (time.perf_counter() - started) * 1000}
+                if predicted_wait_s is not None and math.isfinite(predicted_wait_s):
+                    timings["predicted_wait_ms"] = predicted_wait_s * 1000
                 data = {**data, "request_id": request_id, "timings": timings, **degraded_fields(degraded)}
             yield frame(event.type, data, event_id=event.id)
     except EventTimeout:
@@ -126,6 +130,7 @@ async def query_stream(
             degraded=plan.degraded,
             mode=body.mode,
             abort_on_disconnect=body.abort_on_disconnect,
+            predicted_wait_s=plan.predicted_wait_s,
         )
     return StreamingResponse(
         stream,
