@@ -34,6 +34,7 @@ class Sample:
     key: int  # which API key sent it
     allow_degraded: bool
     degraded: bool = False
+    predicted_wait: float = math.nan  # admission's predicted wait (s) that the answer reports, if any
 
     @property
     def outcome(self) -> str:
@@ -46,6 +47,12 @@ class Sample:
         if self.status in (429, 503):
             return str(self.status)
         return "other_5xx" if self.status >= 500 else f"other_{self.status}"
+
+
+def predicted_wait(answer: dict[str, Any]) -> float:
+    """The predicted wait (s) an answer's timings report (ragline's ``predicted_wait_ms``); nan if none."""
+    ms = (answer.get("timings") or {}).get("predicted_wait_ms")
+    return math.nan if ms is None else float(ms) / 1000
 
 
 def _weighted(shares: list[float], n: int) -> list[int]:
@@ -165,12 +172,13 @@ async def _open_loop(
             payload = body(i)
             encoded = json.dumps(payload).encode()
             sent = loop.time()
-            status, degraded = -1, False
+            status, degraded, predicted = -1, False, math.nan
             try:
                 async with asyncio.timeout(timeout_s):
                     status, reply = await pool.post(path, encoded, heads[who[i]])
                 if status == 200:
-                    degraded = bool(json.loads(reply).get("degraded"))
+                    answer = json.loads(reply)
+                    degraded, predicted = bool(answer.get("degraded")), predicted_wait(answer)
             except TimeoutError:
                 status = 0
             except (OSError, asyncio.IncompleteReadError, ValueError):
@@ -184,6 +192,7 @@ async def _open_loop(
                     key=who[i],
                     allow_degraded=bool(payload.get("allow_degraded", True)),
                     degraded=degraded,
+                    predicted_wait=predicted,
                 )
             )
 
@@ -249,10 +258,10 @@ def sequential(
         for i in range(n):
             sent = time.monotonic()
             reply = client.post(url, json=body(i), headers=headers)
-            degraded = reply.status_code == 200 and bool(reply.json().get("degraded"))
-            out.append(
-                Sample(sent - start, 0.0, time.monotonic() - sent, reply.status_code, 0, True, degraded)
-            )
+            answer = reply.json() if reply.status_code == 200 else {}
+            latency = time.monotonic() - sent
+            degraded, predicted = bool(answer.get("degraded")), predicted_wait(answer)
+            out.append(Sample(sent - start, 0.0, latency, reply.status_code, 0, True, degraded, predicted))
     return out
 
 

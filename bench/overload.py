@@ -24,7 +24,9 @@ load generator itself runs at nice -5 where it may (root), so that its own sched
 not counted as the server's latency.
 
 Prints a table, writes ``<out>/overload_latency.png`` (latency over time, both runs), and ends
-with one JSON line for the run with admission control on.
+with one JSON line for the run with admission control on. ``predict_err`` is how far admission's
+predicted wait (``timings.predicted_wait_ms`` of each full answer) was from the latency the
+client saw, relative to it, as P50 / P90 over the full answers.
 """
 
 from __future__ import annotations
@@ -193,6 +195,15 @@ def drained(settings: Settings, timeout_s: float = 120) -> None:
     print("  (queues not drained in time; going on)", flush=True)
 
 
+def prediction_errors(samples: list[Sample]) -> list[float]:
+    """|predicted wait - latency| / latency of each full answer that reports a prediction."""
+    return [
+        abs(s.predicted_wait - s.latency) / s.latency
+        for s in samples
+        if s.outcome == "full" and math.isfinite(s.predicted_wait) and s.latency > 0
+    ]
+
+
 def done_counts(settings: Settings) -> dict[str, int]:
     client = redis.Redis.from_url(settings.redis_url)
     keys = Keys(settings.key_prefix)
@@ -226,6 +237,10 @@ class RunStats:
         """5xx other than 503, and transport errors (no answer at all)."""
         return self.count("other_5xx", "transport_error")
 
+    def predict_err(self, q: float) -> float:
+        """The q-th percentile of the full answers' relative prediction errors (nan: none predicted)."""
+        return percentile(prediction_errors(self.samples), q)
+
     def goodput(self, duration_s: float) -> float:
         """Full answers within the SLO, per second of offered load."""
         return sum(1 for s in self.samples if s.outcome == "full" and s.latency <= self.slo_s) / duration_s
@@ -236,20 +251,23 @@ class RunStats:
         rej = self.latencies("429", "503")
         ms = lambda v: "-" if math.isnan(v) else f"{v * 1000:.0f}"  # noqa: E731
         rej_p99 = percentile(rej, 99)
+        err = " / ".join("-" if math.isnan(v) else f"{v:.2f}" for v in map(self.predict_err, (50, 90)))
         return (
             f"| {self.name} | {self.offered:.2f} | {len(self.samples)} | {self.count('full')} | "
             f"{self.count('degraded')} | {self.count('429')} | {self.count('503')} | "
             f"{self.count('timeout')} | "
             f"{self.server_errors} | {self.accepted} | {self.completed} | "
             f"{ms(percentile(acc, 50))} / {ms(percentile(acc, 99))} | {ms(percentile(full, 99))} | "
-            f"{'-' if math.isnan(rej_p99) else f'{rej_p99 * 1000:.1f}'} | {self.goodput(duration_s):.2f} |"
+            f"{'-' if math.isnan(rej_p99) else f'{rej_p99 * 1000:.1f}'} | {self.goodput(duration_s):.2f} | "
+            f"{err} |"
         )
 
 
 HEADER = (
     "| run | offered/s | sent | full 200 | degraded 200 | 429 | 503 | timeouts | other 5xx | accepted | "
-    "completed | accepted P50 / P99 ms | full P99 ms | reject P99 ms | goodput/s (full within SLO) |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "completed | accepted P50 / P99 ms | full P99 ms | reject P99 ms | goodput/s (full within SLO) | "
+    "predict err P50 / P90 |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -444,6 +462,10 @@ def main() -> int:
     return report(runs, ladder, capacity, unloaded_p50, unloaded_p99, slo_s, deadline_ms, server, args)
 
 
+def _rounded(value: float) -> float | None:
+    return None if math.isnan(value) else round(value, 3)
+
+
 def report(
     runs: list[RunStats],
     ladder: list[tuple[float, float, int]],
@@ -504,6 +526,8 @@ def report(
         "completed": on.completed,
         "timeouts": on.count("timeout"),
         "server_errors": on.server_errors,
+        "predict_err_p50": _rounded(on.predict_err(50)),
+        "predict_err_p90": _rounded(on.predict_err(90)),
     }
     print(json.dumps(result))
     return 0
