@@ -14,6 +14,7 @@ from celery.exceptions import Reject
 from celery.signals import worker_init, worker_shutdown, worker_shutting_down
 
 from broker import jobs, metrics
+from broker.backpressure import Occupancy
 from broker.celery_app import create_celery
 from broker.event_batcher import EventBatcher
 from broker.events import EventWriter
@@ -33,6 +34,8 @@ keys = Keys(settings.key_prefix)
 app = create_celery(settings)
 metrics_server.install(settings)
 heartbeat.install(app, GENERATION_QUEUE, settings)
+# Each task reports how many ran at once beside it: a batching engine's time per task depends on it.
+occupancy = Occupancy(settings.max_num_seqs).track(GENERATE_TASK)
 
 _engine: EngineHost | TransformersEngine | None = None
 _tokenizer: Any = None
@@ -97,6 +100,7 @@ def generate(
         job=jobs.tracker(client, settings, job_id),
         batch=_batcher.stream(request_id) if _batcher is not None else None,
         flush_timeout_s=2 * settings.redis_socket_timeout_s + 1,
+        occupancy=occupancy,
     )
     if not writer.start("generating"):
         return
