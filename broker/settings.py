@@ -188,8 +188,9 @@ class Settings(BaseSettings):
     key_burst: int = 40
     global_rate_per_s: float = 2000.0
     global_burst: int = 4000
-    # Backpressure: admit a request only if the queues' predicted wait (depth / service rate)
-    # meets its deadline; else answer retrieval-only (degraded) or 503 with Retry-After.
+    # Backpressure: admit a request only if its predicted wait (the work ahead of it and its own,
+    # from measured service times at the concurrency it would join) meets its deadline; else
+    # answer retrieval-only (degraded) or 503 with Retry-After.
     admission_enabled: bool = True
     default_deadline_ms: int = 30_000
     # ``X-Request-Deadline-Ms`` is clamped to these bounds.
@@ -201,8 +202,7 @@ class Settings(BaseSettings):
     max_depth_generation: int = 0
     # The shared snapshot is refreshed at most this often (one elected API process does it).
     backpressure_refresh_ms: float = 50.0
-    # Time constant of the service-rate EWMA: long enough to smooth a batch finishing at once,
-    # short enough to follow a change of capacity within a few seconds.
+    # Time constant of the completion-rate EWMA that /metrics reports (admission does not use it).
     service_rate_tau_s: float = 5.0
     # A snapshot older than this (Redis unreachable, say) is ignored: admission then fails open.
     backpressure_stale_s: float = 2.0

@@ -48,7 +48,6 @@ def _start_engine(**_: object) -> None:
     global _engine, _tokenizer, _batcher
     from transformers import AutoTokenizer
 
-    log.info(settings.host_defaults_line())
     _batcher = EventBatcher(
         sync_client(settings),
         keys,
