@@ -124,19 +124,32 @@ def ask(client: httpx.Client, base: str, headers: dict[str, str], question: str)
     return sample
 
 
+# Once every question has been asked, the next round asks them again in other words, so that
+# none is a cache hit.
+_ROUNDS = (
+    "{}",
+    "Please explain: {}",
+    "Quick question: {}",
+    "I would like to know: {}",
+    "Help me understand: {}",
+)
+
+
 class Questions:
     """Distinct questions handed out once each, from any thread."""
 
     def __init__(self, questions: list[str]) -> None:
-        self._it = iter(questions)
+        self._questions = questions
+        self._i = 0
         self._lock = threading.Lock()
 
     def next(self) -> str:
         with self._lock:
-            try:
-                return next(self._it)
-            except StopIteration:
-                raise SystemExit("ran out of distinct questions") from None
+            round_, i = divmod(self._i, len(self._questions))
+            if round_ >= len(_ROUNDS):
+                raise SystemExit("ran out of distinct questions")
+            self._i += 1
+            return _ROUNDS[round_].format(self._questions[i])
 
 
 @dataclass
@@ -161,7 +174,11 @@ def rag_clients(
     def client_loop() -> None:
         with httpx.Client(timeout=300) as client:
             while time.monotonic() - start < duration_s:
-                s = ask(client, base, headers, questions.next())
+                question = questions.next()
+                try:
+                    s = ask(client, base, headers, question)
+                except httpx.HTTPError:
+                    s = RagSample(question, -1, finished_at=time.monotonic())
                 with lock:
                     samples.append(s)
 
