@@ -396,6 +396,9 @@ def report(rows: list[dict], lone: Lone, out: Path) -> int:
         "ragline_over_engine_32": at("ragline", 32)["tok_s"] / at("vLLM", 32)["tok_s"],
         "ttft_p50_ms_32": at("ragline", 32)["ttft_p50_ms"],
         "lone_ttft_p50_ms": pct(lone.first_s, 50) * 1000,
+        # What the path adds to the engine's own time to first token on the same prompt, as the
+        # worker measured it: retrieval, both queue hops and the relay of the first token.
+        "lone_path_overhead_ms": pct(lone.first_s, 50) * 1000 - pct(lone.engine_first_ms, 50),
     }
     print(json.dumps({k: round(v, 3) for k, v in headline.items()}))
     return 0

@@ -483,6 +483,7 @@ def report(results: dict[str, list[LoadResult]], quality: dict[str, float], out:
     headline = {
         "cold_throughput_ratio_64": by["ragline_cold"][64].rps / by["naive"][64].rps,
         "cold_over_ceiling_64": by["ragline_cold"][64].rps / quality["ceiling_qps"],
+        "cold_over_sustained_ceiling_64": by["ragline_cold"][64].rps / quality["ceiling_sustained_qps"],
         "cold_p99_over_naive_64": by["ragline_cold"][64].p99_ms / by["naive"][64].p99_ms,
         "p50_over_naive_1": by["ragline_cold"][1].p50_ms / by["naive"][1].p50_ms,
         "warm_p50_over_floor": by["ragline_warm"][64].p50_ms / by["floor"][64].p50_ms,
