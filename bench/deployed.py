@@ -47,7 +47,7 @@ import httpx
 from bench.openloop import open_loop, percentile
 from bench.retrieval import DEFAULT_DOCS, ensure_index, faq_labels, load_queries
 from broker.settings import Settings
-from ragline.processes import free_port
+from ragline.processes import free_port, interrupt_on_signals
 
 INDEX = "pydocs"
 QUICK_INDEX = "pydocs-reference"
@@ -81,6 +81,7 @@ class RagSample:
     prompt_tokens: int = 0
     sources: list[dict[str, Any]] = field(default_factory=list)
     predicted_wait_s: float = math.nan  # the admission's prediction, when the answer reports it
+    notice: str = ""  # why it was degraded, or the error's message
     finished_at: float = 0.0  # time.monotonic() of the final event
 
 
@@ -108,6 +109,7 @@ def ask(client: httpx.Client, base: str, headers: dict[str, str], question: str)
                 elif event == "done":
                     sample.e2e_s = time.perf_counter() - started
                     sample.degraded = bool(data.get("degraded"))
+                    sample.notice = data.get("notice") or ""
                     usage = data.get("usage") or {}
                     sample.completion_tokens = int(usage.get("completion_tokens", 0))
                     sample.prompt_tokens = int(usage.get("prompt_tokens", 0))
@@ -117,6 +119,7 @@ def ask(client: httpx.Client, base: str, headers: dict[str, str], question: str)
                     break
                 elif event == "error":
                     sample.status = int(data.get("status", 500))
+                    sample.notice = str(data.get("message", ""))
                     break
     sample.finished_at = time.monotonic()
     if math.isnan(sample.e2e_s):
@@ -193,7 +196,15 @@ def rag_clients(
 
 def lone(base: str, headers: dict[str, str], questions: list[str]) -> list[RagSample]:
     with httpx.Client(timeout=300) as client:
-        return [ask(client, base, headers, q) for q in questions]
+        samples = [ask(client, base, headers, q) for q in questions]
+    full = [s for s in samples if s.status == 200 and not s.degraded]
+    print(
+        f"  {len(full)} of {len(samples)} full answers, end-to-end P50 {p50([s.e2e_s for s in full]):.1f} s"
+    )
+    for s in samples:
+        if s not in full:
+            print(f"  not full: {s.status} {s.notice[:160]}")
+    return samples
 
 
 def retrieval_capacity(base: str, headers: dict[str, str], questions: Questions, duration_s: float) -> float:
@@ -354,6 +365,10 @@ def p50(values: list[float]) -> float:
     return statistics.median(finite) if finite else math.nan
 
 
+def ratio(a: float, b: float) -> float:
+    return a / b if b else math.nan
+
+
 def tok_s(samples: list[RagSample]) -> float:
     tokens = sum(s.completion_tokens for s in samples)
     seconds = sum(s.e2e_s for s in samples if not math.isnan(s.e2e_s))
@@ -473,6 +488,11 @@ def run(args: argparse.Namespace) -> int:
     if not models.exists():
         args.home.mkdir(parents=True, exist_ok=True)
         models.symlink_to(Settings().models_dir, target_is_directory=True)
+    # A clean database: no admission history, jobs or tasks left by an earlier run (the index
+    # is registered again from disk below).
+    import redis
+
+    redis.Redis.from_url(args.redis_url).flushdb()
     base_settings = Settings(home=args.home, redis_url=args.redis_url, default_index=index)
     from workers.generation.model_prep import prepare_default_model
 
@@ -541,18 +561,18 @@ def run(args: argparse.Namespace) -> int:
             os.killpg(bare.pid, signal.SIGKILL)  # its engine core too
     engine = json.loads(result_file.read_text())
 
-    engine_tok_s = sum(r["tokens"] for r in engine) / sum(r["e2e_s"] for r in engine)
-    f["lone_gen_over_engine"] = tok_s(lone_sample) / engine_tok_s
+    engine_tok_s = sum(r["tokens"] for r in engine) / (sum(r["e2e_s"] for r in engine) or math.nan)
+    f["lone_gen_over_engine"] = ratio(tok_s(lone_sample), engine_tok_s)
     f["lone_first_token_over_engine_ms"] = 1000 * (
         p50([s.first_token_s for s in lone_sample]) - p50([r["first_token_s"] for r in engine])
     )
     f["lone_e2e_s_p50"] = p50([s.e2e_s for s in lone_sample])
-    f["lone_e2e_ratio_vs_old_defaults"] = f["lone_e2e_s_p50"] / p50(
-        [s.e2e_s for s in lone_old if s.status == 200 and not s.degraded]
+    f["lone_e2e_ratio_vs_old_defaults"] = ratio(
+        f["lone_e2e_s_p50"], p50([s.e2e_s for s in lone_old if s.status == 200 and not s.degraded])
     )
-    f["mixed_retrieval_p99_ratio"] = percentile(mixed_lat, 99) / percentile(alone_lat, 99)
-    f["mixed_efficiency"] = mixed_rate / capacity + gen_mixed.tok_s / gen_alone.tok_s
-    f["gen_tok_s_32_over_8"] = gen_32.tok_s / gen_8.tok_s
+    f["mixed_retrieval_p99_ratio"] = ratio(percentile(mixed_lat, 99), percentile(alone_lat, 99))
+    f["mixed_efficiency"] = ratio(mixed_rate, capacity) + ratio(gen_mixed.tok_s, gen_alone.tok_s)
+    f["gen_tok_s_32_over_8"] = ratio(gen_32.tok_s, gen_8.tok_s)
     f["lone_user_degraded"] = sum(s.degraded or s.status != 200 for s in lone_new)
     errors = prediction_errors(gen_mixed.samples)
     f["predict_err_p50"] = percentile(errors, 50)
@@ -613,7 +633,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     # SIGTERM unwinds like Ctrl-C, through the finally blocks that stop what this run started.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    interrupt_on_signals()
     if args.engine_only:
         engine_only(*args.engine_only)
         return 0
