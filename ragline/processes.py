@@ -235,10 +235,10 @@ class Supervisor:
     def stop(self, *names: str) -> float:
         """Stop the named children (all when none is named) and return the seconds it took.
 
-        Every one but the ``last`` is signalled at once; whichever has not exited after
-        ``grace_s`` is killed with its whole process group (an engine core orphaned by its
-        worker included), and so is the group of each that did exit. Then the ``last`` ones
-        the same way. A second Ctrl-C or SIGTERM meanwhile skips the rest of the grace."""
+        Every one but the ``last`` is signalled at once; what a child leaves in its process
+        group when it exits gets SIGTERM; whatever is left of each group after ``grace_s`` is
+        killed (an engine core orphaned by its worker included). Then the ``last`` ones the
+        same way. A second Ctrl-C or SIGTERM meanwhile skips the rest of the grace."""
         chosen = [c for c in self.children if not names or c.name in names]
         started = time.monotonic()
         with _signals_held() as received:
@@ -276,13 +276,24 @@ def _stop_together(children: list[Child], grace_s: float, hurry: list[int]) -> N
             with contextlib.suppress(ProcessLookupError):
                 child.proc.send_signal(child.stop_signal)
     # Wait for whole groups, not just the children: what a worker leaves to finish after it
-    # (multiprocessing's resource tracker unlinking shared memory, say) gets the grace too.
+    # (multiprocessing's resource tracker unlinking shared memory, say) gets the grace too. What
+    # is left of a child's group once the child is gone gets SIGTERM then: an engine core whose
+    # worker died before it could stop it exits on that, and waits for nothing else.
+    told: set[int] = set()
     deadline = time.monotonic() + grace_s
+    scanned_at = 0.0
     while not hurry and time.monotonic() < deadline:
-        if all(c.proc.poll() is not None for c in children) and not (
-            _live_groups() & {c.proc.pid for c in children}
-        ):
-            break
+        exited = {c.proc.pid for c in children if c.proc.poll() is not None}
+        # A scan of /proc costs a few ms: after each exit, else a few times a second.
+        if exited and (exited - told or time.monotonic() - scanned_at > 0.25):
+            scanned_at = time.monotonic()
+            left = _live_groups() & exited
+            for pgid in left - told:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGTERM)
+            told |= exited
+            if len(exited) == len(children) and not left:
+                break
         time.sleep(0.05)
     for child in children:
         if child.proc.poll() is None:

@@ -93,6 +93,25 @@ def test_last_outlives_the_others_and_stops_after_them(tmp_path: Path) -> None:
     assert took < 2.0, took  # no grace spent once everyone had exited
 
 
+def test_what_an_exited_child_leaves_in_its_group_gets_sigterm_not_the_whole_grace() -> None:
+    """A worker that dies on SIGTERM without stopping its engine core: the orphan is told to
+    stop as soon as its parent is gone, well before the grace ends."""
+    orphaning = [
+        sys.executable,
+        "-c",
+        "import subprocess, sys, time;"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)",
+    ]
+    sup = Supervisor(grace_s=30.0)
+    child = sup.start("worker", orphaning, {})
+    _wait_for_children(child.proc.pid, 1)
+    family = _family(child)
+    took = sup.stop()
+    assert took < 5.0, took
+    _gone, alive = psutil.wait_procs(family, timeout=5)
+    assert not alive
+
+
 def test_stop_by_name_leaves_the_others_running() -> None:
     sup = Supervisor(grace_s=1.0)
     api = sup.start("api", SLEEP, {})
