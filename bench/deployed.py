@@ -401,7 +401,7 @@ def plot(
 
     fig, (ax_lone, ax_mixed) = plt.subplots(1, 2, figsize=(11, 4))
     names = list(lone_rows)
-    ax_lone.boxplot([lone_rows[n] for n in names], labels=names)
+    ax_lone.boxplot([lone_rows[n] for n in names], tick_labels=names)
     ax_lone.set(ylabel="seconds", title="lone RAG request, end to end")
     for name, values in mixed.items():
         ordered = sorted(v * 1000 for v in values)

@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -36,7 +33,7 @@ import numpy as np
 
 from bench.env import settings_env
 from broker.settings import Settings
-from ragline.processes import free_port
+from ragline.processes import Supervisor, free_port, interrupt_on_signals
 
 CONCURRENCY = (1, 8, 32)
 DOCS = Path("/usr/share/doc/python3.11/html/_sources")
@@ -221,7 +218,7 @@ async def _via_worker(settings: Settings, requests: list[tuple[str, list[dict]]]
     return tokens, wall, ttft, e2e
 
 
-def _wait_live(settings: Settings, queue: str, procs: list[subprocess.Popen], timeout: float = 600) -> None:
+def _wait_live(settings: Settings, queue: str, sup: Supervisor, timeout: float = 600) -> None:
     import redis
 
     from broker.keys import Keys
@@ -229,31 +226,14 @@ def _wait_live(settings: Settings, queue: str, procs: list[subprocess.Popen], ti
     client = redis.Redis.from_url(settings.redis_url)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if any(p.poll() is not None for p in procs):
-            raise RuntimeError("a worker exited")
+        if (dead := sup.exited()) is not None:
+            raise RuntimeError(f"{dead.name} exited ({dead.proc.returncode})")
         if client.zcount(
             Keys(settings.key_prefix).workers(queue), time.time() - settings.worker_heartbeat_ttl_s, "+inf"
         ):
             return
         time.sleep(0.5)
     raise TimeoutError(queue)
-
-
-def _start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            p.wait(60)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGKILL)
 
 
 @dataclass
@@ -297,6 +277,7 @@ def lone_requests(settings: Settings, base: str, questions: list[str], n: int = 
 
 
 def main() -> int:
+    interrupt_on_signals()  # SIGTERM (a timeout, say) unwinds like Ctrl-C: the children are stopped
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -335,20 +316,21 @@ def main() -> int:
     ingest(settings, [DOCS / "faq"], index_name=FAQ_INDEX, progress=False)
     port = free_port()
     env = settings_env(settings.model_copy(update={"api_port": port}))
-    gen = _start([sys.executable, "-m", "ragline", "worker", "generation"], env)
-    ret = _start([sys.executable, "-m", "ragline", "worker", "retrieval"], env)
-    api = _start([sys.executable, "-m", "ragline", "api"], env)
-    try:
-        _wait_live(settings, "generation", [gen, ret, api])
-        _wait_live(settings, "retrieval", [gen, ret, api])
+    with Supervisor() as sup:  # stops them all on the way out, a SIGTERM or a timeout's included
+        for name, cmd in (
+            ("generation", "worker generation"),
+            ("retrieval", "worker retrieval"),
+            ("api", "api"),
+        ):
+            sup.start(name, [sys.executable, "-m", "ragline", *cmd.split()], env, stdout=subprocess.DEVNULL)
+        _wait_live(settings, "generation", sup)
+        _wait_live(settings, "retrieval", sup)
         asyncio.run(_via_worker(settings, requests[:4], 4))  # warm up
         for c in CONCURRENCY:
             tokens, wall, ttft, e2e = asyncio.run(_via_worker(settings, requests[: max(8, c)], c))
             rows.append(summarize("ragline worker (Celery + stream)", c, tokens, wall, ttft, e2e))
             print(rows[-1], flush=True)
         lone = lone_requests(settings, f"http://127.0.0.1:{port}", [q for q, _ in requests])
-    finally:
-        _stop([api, ret, gen])
     return report(rows, lone, args.out)
 
 

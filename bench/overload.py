@@ -37,8 +37,6 @@ import dataclasses
 import json
 import math
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,53 +61,27 @@ SHARES = [0.4, 0.2, 0.2, 0.2]  # key 0 is the greedy client
 
 
 @dataclass
-class Child:
-    name: str
-    proc: subprocess.Popen[bytes]
-
-    def stop(self, grace_s: float = 60) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(grace_s)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)  # an orphaned engine core included
-        self.proc.wait()
-
-
-@dataclass
 class Stack:
     settings: Settings
     logs: Path
-    children: dict[str, Child] = field(default_factory=dict)
+    supervisor: processes.Supervisor = field(default_factory=processes.Supervisor)
 
     def start(self, name: str, cmd: list[str], env: dict[str, str], *, nice: int = 0) -> None:
         """Start a child at this absolute nice value (whatever the load generator's own)."""
         log = (self.logs / f"{name}.log").open("ab")
-        proc = subprocess.Popen(
-            cmd,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=lambda: os.setpriority(os.PRIO_PROCESS, 0, nice),
-        )
-        self.children[name] = Child(name, proc)
+        self.supervisor.start(name, cmd, env, stdout=log, nice=nice)
 
     def stop(self, name: str) -> None:
-        child = self.children.pop(name, None)
-        if child is not None:
-            child.stop()
+        self.supervisor.stop(name)
 
     def stop_all(self) -> None:
-        for name in reversed(list(self.children)):
-            self.stop(name)
+        self.supervisor.stop()
 
     def check(self) -> None:
-        for child in self.children.values():
-            if child.proc.poll() is not None:
-                tail = (self.logs / f"{child.name}.log").read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"{child.name} exited ({child.proc.returncode}):\n{tail}")
+        child = self.supervisor.exited()
+        if child is not None:
+            tail = (self.logs / f"{child.name}.log").read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{child.name} exited ({child.proc.returncode}):\n{tail}")
 
     def start_workers(self, nice_generation: int) -> None:
         s = self.settings
@@ -343,12 +315,8 @@ def plot(runs: list[RunStats], unloaded_p99: float, slo_s: float, out: Path) -> 
     return path
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # so the finally clause stops every child
-
-
 def main() -> int:
-    signal.signal(signal.SIGTERM, _interrupt)
+    processes.interrupt_on_signals()  # so the finally clause stops every child
     with contextlib.suppress(PermissionError):
         os.setpriority(os.PRIO_PROCESS, 0, -5)
     parser = argparse.ArgumentParser(

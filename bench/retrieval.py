@@ -20,7 +20,6 @@ import json
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ import numpy as np
 from bench.env import settings_env
 from bench.loadgen import LoadResult, escape_query, run_wrk
 from broker.settings import Settings
-from ragline.processes import free_port
+from ragline.processes import Supervisor, free_port, interrupt_on_signals
 
 CONCURRENCY = (1, 16, 64)
 DEFAULT_DOCS = Path("/usr/share/doc/python3.11/html/_sources")
@@ -43,32 +42,20 @@ INDEX = "pydocs"
 
 @dataclass
 class Server:
-    procs: list[subprocess.Popen[bytes]]
+    supervisor: Supervisor
     url: str
 
     def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        self.supervisor.stop()
 
 
 def _start(cmds: list[list[str]], env: dict[str, str], url: str, probe: dict[str, object]) -> Server:
-    procs = [
-        subprocess.Popen(
-            c, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-        )
-        for c in cmds
-    ]
-    server = Server(procs, url)
+    server = Server(Supervisor(), url)
+    for cmd in cmds:
+        server.supervisor.start(" ".join(cmd[1:]), cmd, env, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        if any(p.poll() is not None for p in procs):
+        if server.supervisor.exited() is not None:
             server.stop()
             raise RuntimeError(f"a server for {url} exited early: {cmds}")
         try:
@@ -350,6 +337,7 @@ def start_reference(kind: str, settings: Settings) -> Server:
 
 
 def main() -> int:
+    interrupt_on_signals()  # SIGTERM (a timeout, say) unwinds like Ctrl-C: the servers are stopped
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
