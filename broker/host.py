@@ -141,19 +141,3 @@ def engine_cores(host: Host) -> Choice:
 
 def torch_threads(host: Host) -> Choice:
     return Choice(len(host.cores), f"one per core this process may use ({len(host.cores)})")
-
-
-# Up to this many cores, the encoder and the engine of one host share every core: split, each
-# would lose half of what it has alone, and a lone request uses one stage at a time.
-SHARED_CORES_MAX = 4
-
-
-def generation_nice(host: Host) -> Choice:
-    if host.gpus:
-        return Choice(0, "a GPU host: the engine computes on the GPU")
-    if len(host.cores) <= SHARED_CORES_MAX:
-        # A retrieval is a few milliseconds of every core; an answer is seconds of them. At a
-        # lower priority the engine yields the cores to a retrieval (and to the API) at once and
-        # takes them back when it is done, instead of both spinning on every core meanwhile.
-        return Choice(10, f"{len(host.cores)} cores shared by the encoder and the engine: retrieval first")
-    return Choice(0, f"{len(host.cores)} cores: the engine need not yield to the encoder")

@@ -122,9 +122,6 @@ class Settings(BaseSettings):
     # vLLM's own "auto" leaves the model one core fewer than it may use, which on a small host
     # is most of its speed. Empty: every core this process may use, as a list ("0-3,8").
     cpu_omp_threads_bind: str = ""
-    # The generation worker's CPU priority (nice) where `ragline up` starts it beside a
-    # retrieval worker. Unset: from the host (broker/host.py).
-    generation_nice: int | None = None
     max_new_tokens: int = 128
     # Forces at least this many tokens (0 = stop at end-of-sequence as usual): fixed-length
     # outputs for benchmarks, and a long generation for tests that interrupt one.
@@ -224,7 +221,6 @@ class Settings(BaseSettings):
             "cpu_kvcache_space_gib": (self.cpu_kvcache_space_gib <= 0, host.cpu_kvcache_space_gib),
             "cpu_omp_threads_bind": (self.cpu_omp_threads_bind == "", host.engine_cores),
             "torch_threads": (self.torch_threads <= 0, host.torch_threads),
-            "generation_nice": (self.generation_nice is None, host.generation_nice),
         }
         for name, (is_unset, choose) in unset.items():
             if is_unset:

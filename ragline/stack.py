@@ -82,8 +82,6 @@ def running_stack(settings: Settings, *, flower: bool = True) -> Iterator[Stack]
                 f"{kind}-worker",
                 processes.worker_command(kind, settings),
                 processes.child_env(settings, kind=kind),
-                # On a small host the encoder and the engine share the cores (broker/host.py).
-                nice=settings.generation_nice if kind == "generation" else None,
             )
         supervisor.start("api", processes.api_command(settings), processes.child_env(settings, kind="api"))
         if flower:

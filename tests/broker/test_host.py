@@ -77,9 +77,3 @@ def test_a_cpu_quota_bounds_the_cores(tmp_path) -> None:
     assert host.cpu_quota(tmp_path / "missing") is None
     assert host.usable_cores({7, 1, 3, 5}, 2) == (1, 3)
     assert host.usable_cores({7, 1}, None) == (1, 7)
-
-
-def test_generation_yields_to_retrieval_on_a_small_host() -> None:
-    assert host.generation_nice(_host(cores=2)).value == 10
-    assert host.generation_nice(_host(cores=16)).value == 0
-    assert host.generation_nice(_host(cores=2, gpus=1)).value == 0

@@ -116,9 +116,8 @@ def test_workers_share_data_volume_and_stop_cleanly(compose: dict) -> None:
     assert services["generation-worker-gpu"]["stop_grace_period"] == "60s"
 
 
-def test_generation_worker_sizes_itself_and_yields_to_retrieval(compose: dict) -> None:
-    services = compose["services"]
-    env = services["generation-worker"]["environment"]
+def test_generation_worker_sizes_itself(compose: dict) -> None:
+    env = compose["services"]["generation-worker"]["environment"]
     # No core list, KV size, dtype or batch size from one development box: the container
     # chooses them from what it may use.
     for name in (
@@ -128,9 +127,6 @@ def test_generation_worker_sizes_itself_and_yields_to_retrieval(compose: dict) -
         "RAGLINE_MAX_NUM_SEQS",
     ):
         assert name not in env, name
-    assert int(services["generation-worker"]["cpu_shares"]) < int(
-        services["retrieval-worker"].get("cpu_shares", 1024)
-    )
 
 
 def test_flower_basic_auth_and_sigint(compose: dict) -> None:
