@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from bench.deployed import RagSample, ask, held, prediction_errors, tok_s
+from bench.deployed import Questions, RagSample, ask, held, prediction_errors, rag_clients_apart, tok_s
 
 
 def _frame(event: str, data: dict) -> bytes:
@@ -76,3 +76,9 @@ def test_figures() -> None:
     assert held("mixed_efficiency", 0.95) == "yes"
     assert held("mixed_retrieval_p99_ratio", 3.5) == "**no**"
     assert held("predict_err_p90", math.nan) == "n/a"
+
+
+def test_clients_in_a_process_of_their_own(server: str) -> None:
+    run = rag_clients_apart(server, {}, Questions([f"q{i}?" for i in range(50)]), 2, 0.5).result(60)
+    assert run.samples and all(s.status == 200 for s in run.samples)
+    assert run.tok_s > 0
