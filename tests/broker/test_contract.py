@@ -8,6 +8,9 @@ from typing import Any
 
 import pytest
 
+from api.jobs_protocol import JobResult
+from api.protocol import QueryResponse, StreamDone
+from broker import jobs
 from broker.contract import (
     Cancelled,
     ContractError,
@@ -212,3 +215,44 @@ def test_a_bad_event_is_refused_with_what_is_wrong(type_: str, data: str, needle
     with pytest.raises(ContractError) as refused:
         decode_event(type_, data)
     assert needle in str(refused.value)
+
+
+@pytest.mark.parametrize("model", [QueryResponse, StreamDone, JobResult])
+def test_every_answer_the_api_gives_carries_every_done_field(model: type[Done]) -> None:
+    extra = {"request_id": "rid", "sources": [SOURCE]}
+    built = model.from_done(DONE, **{k: v for k, v in extra.items() if k in model.model_fields})
+    assert built.done_fields() == DONE.done_fields()
+    body = json.loads(built.model_dump_json())
+    assert {k: body[k] for k in Done.model_fields} == json.loads(DONE.encode())
+
+
+def test_a_job_record_shows_every_done_field() -> None:
+    now = time.time()
+    record = {
+        **jobs.new_record(
+            job_id="j1",
+            owner="alice",
+            request={"query": "q", "top_k": 1, "mode": "rag", "index": "test"},
+            webhook_url=None,
+            metadata=None,
+            now=now,
+        ),
+        "status": "done",
+        "done_at": repr(now + 2.0),
+        "result": DONE.encode(),
+        "sources": json.dumps([SOURCE.model_dump()]),
+    }
+    result = jobs.view(record)["result"]
+    assert result["sources"] == [SOURCE.model_dump()]
+    expected = json.loads(DONE.encode())
+    # The job's total is its own: from creation to done.
+    assert result["timings"].pop("total_ms") == pytest.approx(2000.0)
+    expected["timings"].pop("total_ms")
+    assert {k: result[k] for k in Done.model_fields} == expected
+    assert JobResult.model_validate(jobs.view(record)["result"]).early_exit is True
+
+
+def test_an_unreadable_job_record_says_so() -> None:
+    record = {"id": "j1", "status": "done", "result": '{"answer": "a", "colour": "red"}'}
+    with pytest.raises(ContractError, match="colour"):
+        jobs.view(record)
