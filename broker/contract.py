@@ -50,6 +50,14 @@ class Source(_Model):
 SOURCES = TypeAdapter(list[Source])
 
 
+def decode_sources(data: str | bytes) -> list[Source]:
+    """A JSON list of sources (as a job record keeps them); raises ContractError."""
+    try:
+        return SOURCES.validate_json(data)
+    except ValidationError as exc:
+        raise ContractError(f"malformed sources: {_explain(exc)}") from None
+
+
 class Usage(_Model):
     prompt_tokens: int = 0
     completion_tokens: int = 0

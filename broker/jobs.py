@@ -27,9 +27,8 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
-from pydantic import ValidationError
 
-from broker.contract import SOURCES, Cancelled, ContractError, Done, Error, Sources
+from broker.contract import SOURCES, Cancelled, Done, Error, Sources, decode_sources
 from broker.keys import Keys
 from broker.settings import Settings
 
@@ -242,10 +241,7 @@ def _result(record: dict[str, str]) -> dict[str, Any]:
     if record.get("done_at") and record.get("created_at"):
         total_ms = (float(record["done_at"]) - float(record["created_at"])) * 1000
         done = done.model_copy(update={"timings": done.timings.model_copy(update={"total_ms": total_ms})})
-    try:
-        sources = SOURCES.validate_json(record.get("sources") or "[]")
-    except ValidationError as exc:
-        raise ContractError(f"malformed job sources: {exc.error_count()} errors") from None
+    sources = decode_sources(record.get("sources") or "[]")
     return {**done.model_dump(mode="json"), "sources": SOURCES.dump_python(sources, mode="json")}
 
 

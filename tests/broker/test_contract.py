@@ -256,3 +256,6 @@ def test_an_unreadable_job_record_says_so() -> None:
     record = {"id": "j1", "status": "done", "result": '{"answer": "a", "colour": "red"}'}
     with pytest.raises(ContractError, match="colour"):
         jobs.view(record)
+    record = {"id": "j1", "status": "done", "result": '{"answer": "a"}', "sources": '[{"chunk_id": "c"}]'}
+    with pytest.raises(ContractError, match=r"malformed sources: 0.source: Field required"):
+        jobs.view(record)
