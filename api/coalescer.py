@@ -30,9 +30,15 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Generic, Protocol, TypeVar
 
-Publish = Callable[[list[dict[str, Any]]], Awaitable[None]]
+
+class _Query(Protocol):
+    @property
+    def request_id(self) -> str: ...
+
+
+Q = TypeVar("Q", bound=_Query)
 
 _PEAK_MEMORY_S = 2.0
 
@@ -46,10 +52,12 @@ class _Batch:
         self.sent_at = sent_at
 
 
-class Coalescer:
+class Coalescer(Generic[Q]):
+    """Gathers queries (anything with a ``request_id``) into batches for ``publish``."""
+
     def __init__(
         self,
-        publish: Publish,
+        publish: Callable[[list[Q]], Awaitable[None]],
         *,
         window_s: float,
         max_batch: int,
@@ -67,7 +75,7 @@ class Coalescer:
         self._peak_in_play = 0.0
         self._peak_at = 0.0
         self._max_in_flight = max_in_flight
-        self._pending: list[tuple[dict[str, Any], asyncio.Future[None]]] = []
+        self._pending: list[tuple[Q, asyncio.Future[None]]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._window_closed = False
         self._batches_in_flight = 0
@@ -81,7 +89,7 @@ class Coalescer:
     def batches_in_flight(self) -> int:
         return self._batches_in_flight
 
-    async def submit(self, item: dict[str, Any]) -> None:
+    async def submit(self, item: Q) -> None:
         """Returns once the batch holding ``item`` is published; ``settle(request_id)`` must follow."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.append((item, future))
@@ -158,7 +166,7 @@ class Coalescer:
         batch, self._pending = self._pending[:size], self._pending[size:]
         if not batch:
             return
-        handle = _Batch([item["request_id"] for item, _ in batch], asyncio.get_running_loop().time())
+        handle = _Batch([item.request_id for item, _ in batch], asyncio.get_running_loop().time())
         for request_id in handle.request_ids:
             self._batch_of[request_id] = handle
         self._batches_in_flight += 1
@@ -175,7 +183,7 @@ class Coalescer:
             self._timer = asyncio.get_running_loop().call_later(self._window_s, self._window_expired)
 
     async def _send(
-        self, handle: _Batch, batch: list[tuple[dict[str, Any], asyncio.Future[None]]], sent: Awaitable[None]
+        self, handle: _Batch, batch: list[tuple[Q, asyncio.Future[None]]], sent: Awaitable[None]
     ) -> None:
         try:
             await sent

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 
 import redis.asyncio as aioredis
@@ -13,11 +14,13 @@ from api.jobs_protocol import JobAccepted, JobRequest, JobView
 from api.serving import QueryService
 from broker import jobs
 from broker.cancel import arequest_cancel
+from broker.contract import ContractError
 from broker.keys import Keys
 from broker.settings import Settings
 from broker.ssrf import WebhookRefused, check_url
 
 _MAX_IDEMPOTENCY_KEY = 255
+log = logging.getLogger(__name__)
 
 
 def _not_found(job_id: str) -> ApiError:
@@ -126,7 +129,7 @@ class JobService:
         return record
 
     async def get(self, principal: str, job_id: str) -> JobView:
-        return JobView.model_validate(jobs.view(await self._owned(principal, job_id)))
+        return _view(await self._owned(principal, job_id))
 
     async def cancel(self, principal: str, job_id: str) -> JobView:
         await self._owned(principal, job_id)
@@ -139,4 +142,12 @@ class JobService:
         record = await self._owned(principal, job_id)
         if record["status"] != "cancelled":
             raise ApiError(409, "already_finished", f"job {job_id} is already {record['status']}")
+        return _view(record)
+
+
+def _view(record: dict[str, str]) -> JobView:
+    try:
         return JobView.model_validate(jobs.view(record))
+    except ContractError as exc:
+        log.error("job %s: its record breaks the contract: %s", record.get("id"), exc)
+        raise ApiError(500, "failed", "the job's record could not be read") from None

@@ -6,7 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from api.protocol import QueryRequest, Source, Usage
+from api.protocol import QueryRequest
+from broker.contract import Done, Source
 
 JobStatus = Literal["queued", "retrieving", "generating", "done", "failed", "cancelled"]
 DeliveryStatus = Literal["pending", "scheduled", "delivering", "delivered", "gone", "dead"]
@@ -40,12 +41,10 @@ class JobQuery(BaseModel):
     index: str
 
 
-class JobResult(BaseModel):
-    answer: str | None
+class JobResult(Done):
+    """A finished job's answer: every field of its `done` event, with its sources."""
+
     sources: list[Source]
-    usage: Usage | None = None
-    timings: dict[str, float] = Field(default_factory=dict)
-    degraded: bool = Field(default=False, description="Answered retrieval-only under load.")
 
 
 class JobError(BaseModel):

@@ -6,6 +6,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from broker.contract import Done, Source, Timings, Usage
+
+__all__ = ["ErrorBody", "QueryRequest", "QueryResponse", "Source", "StreamDone", "Timings", "Usage"]
+
 
 class QueryRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -37,45 +41,17 @@ class QueryRequest(BaseModel):
     )
 
 
-class Source(BaseModel):
-    chunk_id: str
-    source: str
-    title: str
-    text: str
-    score: float
+class QueryResponse(Done):
+    """The JSON answer: every field of the request's `done` event, with its id and sources."""
 
-
-class Timings(BaseModel):
-    queue_ms: float = 0.0
-    retrieval_ms: float = 0.0
-    generation_ms: float = 0.0
-    total_ms: float = 0.0
-    predicted_wait_ms: float | None = Field(
-        default=None, description="Admission's predicted wait for this answer when it was admitted."
-    )
-
-
-class Usage(BaseModel):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-class QueryResponse(BaseModel):
     request_id: str
-    answer: str | None
     sources: list[Source]
-    degraded: bool = Field(
-        default=False, description="Generation was too busy for the deadline: sources only, no answer."
-    )
-    degraded_reason: str | None = Field(
-        default=None, description="Why it was degraded: `generation_busy` or `generation_queue_full`."
-    )
-    notice: str | None = Field(default=None, description="A human-readable note about a degraded answer.")
-    cached: bool = Field(
-        default=False, description="Served from the result cache (timings are the original's)."
-    )
-    timings: Timings
-    usage: Usage | None = None
+
+
+class StreamDone(Done):
+    """The stream's ``done`` event as the API sends it: the worker's, with the request's id."""
+
+    request_id: str
 
 
 class ErrorBody(BaseModel):

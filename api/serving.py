@@ -11,7 +11,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
 from celery import Celery
@@ -19,9 +19,10 @@ from celery import Celery
 from api.admission import Action, Admission, Decision
 from api.coalescer import Coalescer
 from api.errors import ApiError
-from api.protocol import QueryRequest, QueryResponse, Source, Timings, Usage
+from api.protocol import QueryRequest, QueryResponse
 from broker import indexes, liveness, metrics
 from broker.cancel import arequest_cancel
+from broker.contract import Degradation, Done, Error, RetrieveRequest, RetrieveTask, Source, Sources
 from broker.events import Event, EventTimeout, read_events
 from broker.keys import Keys
 from broker.normalize import query_digest
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 class Admitted:
     query: str
     top_k: int
-    mode: str
+    mode: Literal["rag", "retrieval"]
     index: str
     ef_search: int | None
     nprobe: int | None
@@ -72,11 +73,17 @@ class StreamPlan:
     predicted_wait_s: float | None = None  # admission's, for the enqueued request
 
 
-def degraded_fields(decision: Decision | None) -> dict[str, Any]:
-    """The fields a degraded answer carries (in the JSON response and the stream's ``done``)."""
+def degradation(decision: Decision | None) -> Degradation | None:
+    """What a degraded answer says of it (in the JSON response and the stream's ``done``)."""
     if decision is None or not decision.degraded:
-        return {}
-    return {"degraded": True, "degraded_reason": decision.reason, "notice": decision.message}
+        return None
+    return Degradation(degraded_reason=decision.reason, notice=decision.message)
+
+
+def degraded_fields(decision: Decision | None) -> dict[str, Any]:
+    """:func:`degradation` as fields to update an answer with (none when not degraded)."""
+    found = degradation(decision)
+    return dict(found) if found is not None else {}
 
 
 def _overloaded(decision: Decision) -> ApiError:
@@ -105,7 +112,7 @@ class QueryService:
         )
         self._background: set[asyncio.Task[object]] = set()
         self._pusher = QueuePusher(settings.redis_url, timeout_s=_ENQUEUE_TIMEOUT_S)
-        self._coalescer = Coalescer(
+        self._coalescer: Coalescer[RetrieveRequest] = Coalescer(
             self._publish_batch,
             window_s=settings.coalesce_window_ms / 1000,
             max_batch=settings.coalesce_max_batch,
@@ -216,14 +223,14 @@ class QueryService:
         except Exception:  # invalid body, unknown index, Redis trouble: the route reports it
             return None
         if found.outcome is Outcome.HIT:
-            return _splice(request_id, found.body)
+            return splice(request_id, found.body)
         return Probe(a, decision, found, key)
 
-    def _publish_batch(self, items: list[dict[str, Any]]) -> asyncio.Future[None]:
+    def _publish_batch(self, items: list[RetrieveRequest]) -> asyncio.Future[None]:
         message = task_message(
             self._celery,
             RETRIEVE_TASK,
-            {"requests": items},
+            RetrieveTask(requests=items).encode(),
             queue=RETRIEVAL_QUEUE,
             kwargsrepr=f"{{'requests': <{len(items)} queries>}}",
         )
@@ -245,23 +252,21 @@ class QueryService:
         job_id: str | None = None,
         degraded: Decision | None = None,
     ) -> None:
-        item: dict[str, Any] = {
-            "request_id": request_id,
-            "query": a.query,
-            "top_k": a.top_k,
-            "mode": a.mode,
-            "index": a.index,
-            "index_version": index_version,
-            "ef_search": a.ef_search,
-            "nprobe": a.nprobe,
-            "allow_early_exit": a.allow_early_exit,
-            "enqueued_at": time.time(),
-        }
-        if job_id is not None:
-            item["job_id"] = job_id  # an async job: the tasks mirror their events into its record
-        if degraded is not None:
+        item = RetrieveRequest(
+            request_id=request_id,
+            query=a.query,
+            top_k=a.top_k,
+            mode=a.mode,
+            index=a.index,
+            index_version=index_version,
+            ef_search=a.ef_search,
+            nprobe=a.nprobe,
+            allow_early_exit=a.allow_early_exit,
+            enqueued_at=time.time(),
+            job_id=job_id,  # an async job: the tasks mirror their events into its record
             # The worker copies these into the stream's `done`, so an SSE resume sees them too.
-            item["degraded"] = degraded_fields(degraded)
+            degraded=degradation(degraded),
+        )
         try:
             await self._coalescer.submit(item)
             if job_id is not None:
@@ -324,7 +329,7 @@ class QueryService:
         else:
             found, _key = await self.lookup(a, request_id, single_flight=False)
         if found.outcome is Outcome.HIT:
-            return _splice(request_id, found.body)
+            return splice(request_id, found.body)
         if decision.action is Action.REJECT:
             raise _overloaded(decision)
         return await self._serve(
@@ -351,8 +356,8 @@ class QueryService:
             found, key = await self.lookup(a, request_id, single_flight=True)
         if found.outcome is Outcome.HIT:
             if degraded is None:
-                return _splice(request_id, found.body)
-            hit = QueryResponse.model_validate_json(_splice(request_id, found.body))
+                return splice(request_id, found.body)
+            hit = QueryResponse.model_validate_json(splice(request_id, found.body))
             return hit.model_copy(update=degraded_fields(degraded))
         source_id = found.leader if found.outcome is Outcome.FOLLOW else request_id
         leading = found.outcome is Outcome.LEAD
@@ -423,36 +428,19 @@ class QueryService:
         predicted_wait_s: float | None = None,
     ) -> tuple[QueryResponse, str | None]:
         """The response built from ``source_id``'s events, and the index version it was computed on."""
-        sources: list[dict[str, Any]] = []
+        sources: list[Source] = []
         version: str | None = None
         try:
             async for event in self.events(source_id, settle=settle):
-                if event.type == "sources":
-                    sources = event.data["sources"]
-                    version = event.data.get("index_version")
-                elif event.type == "error":
-                    status = int(event.data.get("status", 500))
-                    raise ApiError(
-                        status, "unknown_index" if status == 404 else "failed", event.data["message"]
-                    )
-                elif event.type == "done":
-                    timings = {
-                        **event.data.get("timings", {}),
-                        "total_ms": (time.perf_counter() - started) * 1000,
-                    }
-                    if predicted_wait_s is not None and math.isfinite(predicted_wait_s):
-                        # Admission's prediction beside what happened (bench/overload.py compares them).
-                        timings["predicted_wait_ms"] = predicted_wait_s * 1000
-                    usage = event.data.get("usage")
-                    response = QueryResponse(
-                        request_id=request_id,
-                        answer=event.data.get("answer"),
-                        sources=[Source(**s) for s in sources],
-                        timings=Timings(**{k: v for k, v in timings.items() if k in Timings.model_fields}),
-                        usage=Usage(**usage) if usage else None,
-                        early_exit=bool(event.data.get("early_exit")),
-                    )
-                    return response, version
+                payload = event.payload
+                if isinstance(payload, Sources):
+                    sources, version = payload.sources, payload.index_version
+                elif isinstance(payload, Error):
+                    status = payload.status
+                    raise ApiError(status, "unknown_index" if status == 404 else "failed", payload.message)
+                elif isinstance(payload, Done):
+                    done = finished_done(payload, started, predicted_wait_s)
+                    return QueryResponse.from_done(done, request_id=request_id, sources=sources), version
         except EventTimeout as exc:
             raise ApiError(
                 504, "timeout", f"no answer within {self._settings.request_timeout_s:.0f}s"
@@ -460,6 +448,15 @@ class QueryService:
         raise ApiError(500, "failed", "the event stream ended without an answer")
 
 
-def _splice(request_id: str, body: bytes) -> bytes:
+def finished_done(done: Done, started: float, predicted_wait_s: float | None) -> Done:
+    """The worker's `done` with what only the API knows: its total time, admission's prediction."""
+    update: dict[str, float] = {"total_ms": (time.perf_counter() - started) * 1000}
+    if predicted_wait_s is not None and math.isfinite(predicted_wait_s):
+        # Admission's prediction beside what happened (bench/overload.py compares them).
+        update["predicted_wait_ms"] = predicted_wait_s * 1000
+    return done.model_copy(update={"timings": done.timings.model_copy(update=update)})
+
+
+def splice(request_id: str, body: bytes) -> bytes:
     """A cached body (stored without its request id) as this request's JSON response."""
     return b'{"request_id":"' + request_id.encode() + b'",' + body[1:]

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
 
-
-def frame(event: str, data: dict[str, Any], *, event_id: str | None = None) -> bytes:
+def frame(event: str, data: str, *, event_id: str | None = None) -> bytes:
+    """One SSE event whose ``data:`` is ``data``, a line of JSON (an event's encoding)."""
     head = f"id: {event_id}\n" if event_id else ""
-    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+    return f"{head}event: {event}\ndata: {data}\n\n".encode()

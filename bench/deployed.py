@@ -359,12 +359,16 @@ def rebuild_prompts(env: dict[str, str], samples: list[RagSample]) -> list[str]:
     """The prompts ragline's worker built for these requests, from their recorded sources."""
     from transformers import AutoTokenizer
 
+    from broker.contract import SOURCES
     from workers.generation.model_prep import generation_model_path
     from workers.generation.prompt import build_rag_prompt
 
     settings = _settings_from(env)
     tokenizer = AutoTokenizer.from_pretrained(generation_model_path(settings))
-    return [build_rag_prompt(settings, tokenizer, s.question, s.sources).text for s in samples]
+    return [
+        build_rag_prompt(settings, tokenizer, s.question, SOURCES.validate_python(s.sources)).text
+        for s in samples
+    ]
 
 
 def _settings_from(env: dict[str, str]) -> Settings:

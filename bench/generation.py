@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.env import settings_env
+from broker.contract import Source
 from broker.settings import Settings
 from ragline.processes import Supervisor, free_port, interrupt_on_signals
 
@@ -56,7 +57,7 @@ def summarize(name: str, c: int, tokens: int, wall_s: float, ttft: list[float], 
     }
 
 
-def faq_requests(n: int) -> list[tuple[str, list[dict]]]:
+def faq_requests(n: int) -> list[tuple[str, list[Source]]]:
     from workers.retrieval.readers import read_sections
 
     sections = []
@@ -68,20 +69,20 @@ def faq_requests(n: int) -> list[tuple[str, list[dict]]]:
             continue
         neighbours = [sections[(i + d) % len(sections)] for d in (1, 2)]
         sources = [
-            {
-                "chunk_id": f"{path}:{j}",
-                "title": s.title,
-                "text": " ".join(s.text.split()[:150]),
-                "source": p,
-                "score": 0.9 - j / 10,
-            }
+            Source(
+                chunk_id=f"{path}:{j}",
+                title=s.title,
+                text=" ".join(s.text.split()[:150]),
+                source=p,
+                score=0.9 - j / 10,
+            )
             for j, (s, p) in enumerate([(section, path), *neighbours])
         ]
         out.append((section.title, sources))
     return out[:n]
 
 
-def build_prompts(settings: Settings, requests: list[tuple[str, list[dict]]]) -> list[str]:
+def build_prompts(settings: Settings, requests: list[tuple[str, list[Source]]]) -> list[str]:
     from transformers import AutoTokenizer
 
     from workers.generation.model_prep import generation_model_path
@@ -176,8 +177,9 @@ def bench_vllm(settings: Settings, prompts: list[str], max_tokens: int) -> list[
     return rows
 
 
-async def _via_worker(settings: Settings, requests: list[tuple[str, list[dict]]], c: int) -> tuple:
+async def _via_worker(settings: Settings, requests: list[tuple[str, list[Source]]], c: int) -> tuple:
     from broker.celery_app import create_celery
+    from broker.contract import Done, GenerateTask
     from broker.events import read_events
     from broker.keys import Keys
     from broker.queues import GENERATE_TASK, GENERATION_QUEUE
@@ -189,25 +191,21 @@ async def _via_worker(settings: Settings, requests: list[tuple[str, list[dict]]]
     sem = asyncio.Semaphore(c)
     ttft, e2e, tokens = [], [], 0
 
-    async def one(query: str, sources: list[dict]) -> None:
+    async def one(query: str, sources: list[Source]) -> None:
         nonlocal tokens
         async with sem:
             rid = uuid.uuid4().hex
             started = time.perf_counter()
-            kwargs = {
-                "request_id": rid,
-                "query": query,
-                "sources": sources,
-                "timings": {},
-                "enqueued_at": time.time(),
-            }
-            await asyncio.to_thread(app.send_task, GENERATE_TASK, kwargs=kwargs, queue=GENERATION_QUEUE)
+            task = GenerateTask(request_id=rid, query=query, sources=sources, enqueued_at=time.time())
+            await asyncio.to_thread(
+                app.send_task, GENERATE_TASK, kwargs=task.encode(), queue=GENERATION_QUEUE
+            )
             first = None
             async for event in read_events(client, keys, rid, timeout_s=600):
                 if event.type == "token" and first is None:
                     first = time.perf_counter() - started
-                if event.type == "done":
-                    tokens += event.data["usage"]["completion_tokens"]
+                if isinstance(event.payload, Done) and event.payload.usage is not None:
+                    tokens += event.payload.usage.completion_tokens
             ttft.append(first or time.perf_counter() - started)
             e2e.append(time.perf_counter() - started)
 

@@ -14,7 +14,6 @@ always comes after the last token.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -47,10 +46,10 @@ class BatchedStream:
     cancelled: bool = False
     error: BaseException | None = None
 
-    def append(self, type_: str, data: dict[str, Any]) -> None:
-        """Queue one event; never blocks. Raises if an earlier write of this request failed."""
+    def append(self, type_: str, data: str) -> None:
+        """Queue one encoded event; never blocks. Raises if an earlier write of this request failed."""
         self._raise_if_failed()
-        self._batcher.put((self, {"type": type_, "data": json.dumps(data)}))
+        self._batcher.put((self, {"type": type_, "data": data}))
 
     def flush(self, *, timeout_s: float) -> None:
         """Wait until every event appended so far is in Redis; raise if one could not be written."""

@@ -6,17 +6,17 @@ event published before the reader attaches is lost, and SSE clients resume with 
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import redis
 import redis.asyncio as aioredis
 
 from broker.backpressure import Occupancy, count_done
+from broker.contract import FINAL_TYPES, ContractError, Done, Error, Sources, StreamEvent, Token, decode_event
 from broker.event_batcher import StreamWriteError
 from broker.keys import Keys
 
@@ -26,15 +26,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-EventType = Literal["sources", "token", "done", "error"]
-FINAL_EVENTS = frozenset({"done", "error"})
+FINAL_EVENTS = FINAL_TYPES
 
 
 @dataclass(frozen=True, slots=True)
 class Event:
+    """One entry of a request's stream: its id (the SSE id) and the decoded event."""
+
     id: str
-    type: str
-    data: dict[str, Any]
+    payload: StreamEvent
+
+    @property
+    def type(self) -> str:
+        return self.payload.type
 
 
 class EventWriter:
@@ -88,13 +92,12 @@ class EventWriter:
             return False
         return self._job is None or self._job.start(stage)
 
-    def emit(
-        self, type_: EventType, data: dict[str, Any], *, completes: str | None = None, service_s: float = 0.0
-    ) -> None:
+    def emit(self, event: StreamEvent, *, completes: str | None = None, service_s: float = 0.0) -> None:
         """Append one event; ``completes`` names the queue whose task this event finishes, after
         ``service_s`` in the worker (the backpressure monitor counts it, in the same round trip)."""
+        type_, data = event.type, event.encode()
         if self._batch is not None:
-            if type_ == "token":
+            if isinstance(event, Token):
                 self._batch.append(type_, data)
                 return
             try:
@@ -106,17 +109,17 @@ class EventWriter:
                 # the error) must still reach the client: written directly, below.
                 log.warning("%s: tokens lost, writing the final event directly", self._key)
         if self._job is not None:
-            if type_ in FINAL_EVENTS:
-                self._job.finish(self._key, type_, data, stream_ttl_s=self._ttl_s, maxlen=self._maxlen)
+            if isinstance(event, Done | Error):
+                self._job.finish(self._key, event, stream_ttl_s=self._ttl_s, maxlen=self._maxlen)
                 if completes:
                     pipe = self._client.pipeline(transaction=False)
                     self._count_done(pipe, completes, service_s)
                     pipe.execute()
                 return
-            if type_ == "sources":
-                self._job.on_sources(data)
+            if isinstance(event, Sources):
+                self._job.on_sources(event)
         pipe = self._client.pipeline(transaction=False)
-        pipe.xadd(self._key, {"type": type_, "data": json.dumps(data)}, maxlen=self._maxlen, approximate=True)
+        pipe.xadd(self._key, {"type": type_, "data": data}, maxlen=self._maxlen, approximate=True)
         # The TTL is set with the first event and renewed with the last: not once per token,
         # which on a CPU host takes cycles from the engine sharing the cores.
         if not self._expiry_set or type_ in FINAL_EVENTS:
@@ -140,7 +143,7 @@ class EventWriter:
 def emit_many(
     client: redis.Redis,
     keys: Keys,
-    events: list[tuple[str, EventType, dict[str, Any]]],
+    events: list[tuple[str, StreamEvent]],
     *,
     ttl_s: int,
     maxlen: int,
@@ -157,9 +160,9 @@ def emit_many(
     """
     pipe = client.pipeline(transaction=True)
     streams: dict[str, None] = {}
-    for request_id, type_, data in events:
+    for request_id, event in events:
         key = keys.events(request_id)
-        pipe.xadd(key, {"type": type_, "data": json.dumps(data)}, maxlen=maxlen, approximate=True)
+        pipe.xadd(key, {"type": event.type, "data": event.encode()}, maxlen=maxlen, approximate=True)
         streams[key] = None
     # One TTL per stream, not one per event: inside the transaction it counts from the same moment.
     for key in streams:
@@ -181,12 +184,14 @@ def finished(client: redis.Redis, keys: Keys, request_ids: list[str]) -> set[str
     return done
 
 
-def _decode(entry_id: bytes, fields: dict[bytes, bytes]) -> Event:
-    return Event(
-        id=entry_id.decode(),
-        type=fields[b"type"].decode(),
-        data=json.loads(fields[b"data"]),
-    )
+def _decode(key: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Event:
+    """The entry's event; one that does not match the contract ends the request with an error
+    (the reader must not wait out its timeout for an answer that will never parse)."""
+    try:
+        return Event(entry_id.decode(), decode_event(fields[b"type"], fields[b"data"]))
+    except (ContractError, KeyError) as exc:
+        log.error("%s: entry %s breaks the event contract, ending the request: %s", key, entry_id, exc)
+        return Event(entry_id.decode(), Error(status=500, message="a worker sent a malformed event"))
 
 
 class EventTimeout(Exception):
@@ -213,7 +218,7 @@ async def read_events(
         reply = await client.xread({key: last}, block=min(block_ms, remaining_ms), count=256)
         for _stream, entries in reply or ():
             for entry_id, fields in entries:
-                event = _decode(entry_id, fields)
+                event = _decode(key, entry_id, fields)
                 last = event.id
                 yield event
                 if event.type in FINAL_EVENTS:

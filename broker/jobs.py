@@ -28,14 +28,13 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
+from broker.contract import SOURCES, Cancelled, Done, Error, Sources, decode_sources
 from broker.keys import Keys
 from broker.settings import Settings
 
 STAGES = ("queued", "retrieving", "generating")
 FINAL_STATUSES = ("done", "failed", "cancelled")
 STATUSES = STAGES + FINAL_STATUSES
-# What a client that gives up sends, by nginx's convention; an error event with it cancels a job.
-CANCELLED_STATUS = 499
 
 _LUA_DIR = Path(__file__).parent
 
@@ -96,11 +95,11 @@ def new_record(
     return fields
 
 
-def _final_fields(type_: str, data: dict[str, Any]) -> tuple[str, dict[str, str]]:
-    if type_ == "done":
-        return "done", {"result": json.dumps(data, separators=(",", ":"))}
-    status = "cancelled" if int(data.get("status", 500)) == CANCELLED_STATUS else "failed"
-    return status, {"error": json.dumps(data, separators=(",", ":"))}
+def _final_fields(event: Done | Error, data: str) -> tuple[str, dict[str, str]]:
+    """The job's final status and the field holding ``event`` (encoded as ``data``)."""
+    if isinstance(event, Done):
+        return "done", {"result": data}
+    return ("cancelled" if isinstance(event, Cancelled) else "failed"), {"error": data}
 
 
 class JobTracker:
@@ -126,16 +125,15 @@ class JobTracker:
         """A task starts ``stage``; False when the job is gone or final (cancelled, say)."""
         return self._run_advance(stage) not in ("missing", "final")
 
-    def on_sources(self, data: dict[str, Any]) -> None:
+    def on_sources(self, event: Sources) -> None:
         # Keep the sources for the result; a rag job now waits for (or is in) generation.
-        sources = json.dumps(data.get("sources", []), separators=(",", ":"))
+        sources = SOURCES.dump_json(event.sources).decode()
         self._run_advance("generating", needs_mode="rag", fields={"sources": sources})
 
-    def finish(
-        self, stream_key: str, type_: str, data: dict[str, Any], *, stream_ttl_s: int, maxlen: int
-    ) -> str:
+    def finish(self, stream_key: str, event: Done | Error, *, stream_ttl_s: int, maxlen: int) -> str:
         """Append the final event and finish the job atomically; ``first`` exactly once per job."""
-        status, fields = _final_fields(type_, data)
+        data = event.encode()
+        status, fields = _final_fields(event, data)
         outcome = self._finish(
             keys=[self._key, stream_key, self._keys.webhook_schedule],
             args=[
@@ -144,8 +142,8 @@ class JobTracker:
                 self._ttl_s,
                 stream_ttl_s,
                 maxlen,
-                type_,
-                json.dumps(data),
+                event.type,
+                data,
                 self.job_id,
                 *_flat(fields),
             ],
@@ -201,8 +199,9 @@ class AsyncJobStore:
 
     async def cancel(self, job_id: str, message: str = "cancelled") -> str:
         """Cancel like a worker would finish: error event 499 + final state + webhook, atomically."""
-        data = {"status": CANCELLED_STATUS, "message": message}
-        status, fields = _final_fields("error", data)
+        event = Cancelled(message=message)
+        data = event.encode()
+        status, fields = _final_fields(event, data)
         s = self._settings
         outcome = await self._finish(
             keys=[self._keys.job(job_id), self._keys.events(job_id), self._keys.webhook_schedule],
@@ -212,8 +211,8 @@ class AsyncJobStore:
                 s.job_ttl_s,
                 s.event_stream_ttl_s,
                 s.event_stream_maxlen,
-                "error",
-                json.dumps(data),
+                event.type,
+                data,
                 job_id,
                 *_flat(fields),
             ],
@@ -233,22 +232,31 @@ def _json(record: dict[str, str], field: str) -> Any:
     return json.loads(raw) if raw else None
 
 
+def _result(record: dict[str, str]) -> dict[str, Any]:
+    """A finished job's result: its `done` event (every field of it) and its sources.
+
+    Raises ContractError when the record's `result` or `sources` do not decode.
+    """
+    done = Done.decode(record.get("result") or "")
+    if record.get("done_at") and record.get("created_at"):
+        total_ms = (float(record["done_at"]) - float(record["created_at"])) * 1000
+        done = done.model_copy(update={"timings": done.timings.model_copy(update={"total_ms": total_ms})})
+    sources = decode_sources(record.get("sources") or "[]")
+    return {**done.model_dump(mode="json"), "sources": SOURCES.dump_python(sources, mode="json")}
+
+
+def _error(record: dict[str, str]) -> dict[str, Any] | None:
+    raw = record.get("error")
+    return Error.decode(raw).model_dump(mode="json") if raw else None
+
+
 def view(record: dict[str, str], *, delivery: bool = True) -> dict[str, Any]:
-    """A job as JSON: the body of ``GET /v1/jobs/{id}`` and (without delivery state) the webhook's."""
+    """A job as JSON: the body of ``GET /v1/jobs/{id}`` and (without delivery state) the webhook's.
+
+    Raises ContractError when the record's result or error does not decode.
+    """
     status = record.get("status", "queued")
-    result = None
-    if status == "done":
-        done = _json(record, "result") or {}
-        timings = dict(done.get("timings") or {})
-        if record.get("done_at") and record.get("created_at"):
-            timings["total_ms"] = (float(record["done_at"]) - float(record["created_at"])) * 1000
-        result = {
-            "answer": done.get("answer"),
-            "sources": _json(record, "sources") or [],
-            "usage": done.get("usage"),
-            "timings": timings,
-            "degraded": bool(done.get("degraded", False)),
-        }
+    result = _result(record) if status == "done" else None
     body: dict[str, Any] = {
         "job_id": record.get("id"),
         "status": status,
@@ -259,7 +267,7 @@ def view(record: dict[str, str], *, delivery: bool = True) -> dict[str, Any]:
         "metadata": _json(record, "metadata"),
         "webhook_url": record.get("webhook_url"),
         "result": result,
-        "error": _json(record, "error"),
+        "error": _error(record),
     }
     if delivery:
         body["webhook"] = delivery_view(record)

@@ -16,10 +16,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+from celery import Task
 from celery.signals import worker_ready, worker_shutdown
 
 from broker import jobs, webhooks
 from broker.celery_app import create_celery
+from broker.contract import ContractError, WebhookDelivery
 from broker.keys import Keys
 from broker.metrics import WEBHOOK_DEAD_LETTERS, WEBHOOK_DELIVERIES
 from broker.queues import CALLBACKS_QUEUE, DELIVER_WEBHOOK_TASK
@@ -64,7 +66,14 @@ def _request_for(target: Target) -> tuple[str, dict[str, str], dict[str, Any]]:
 
 def attempt_delivery(record: dict[str, str], attempt: int) -> tuple[str, dict[str, Any]]:
     """POST the job's final JSON once; returns (delivered | gone | retry, what happened)."""
-    body = json.dumps(jobs.view(record, delivery=False), separators=(",", ":")).encode()
+    last: dict[str, Any] = {"attempt": attempt, "at": _now_iso(), "status_code": None, "error": None}
+    try:
+        body = json.dumps(jobs.view(record, delivery=False), separators=(",", ":")).encode()
+    except ContractError as exc:
+        # A record this worker cannot read (written by another release?): nothing is posted, and
+        # the attempt counts, so it ends dead-lettered rather than retried forever.
+        log.error("job %s: its record breaks the contract: %s", record.get("id"), exc)
+        return "retry", {**last, "error": f"unreadable job record: {exc}", "duration_ms": 0.0}
     timestamp = str(int(time.time()))
     secret = webhooks.secret_for(
         sync_client(settings), keys, record.get("owner", ""), settings.webhook_secret
@@ -77,7 +86,6 @@ def attempt_delivery(record: dict[str, str], attempt: int) -> tuple[str, dict[st
         webhooks.DELIVERY_HEADER: record.get("delivery_id", ""),
         webhooks.ATTEMPT_HEADER: str(attempt),
     }
-    last: dict[str, Any] = {"attempt": attempt, "at": _now_iso(), "status_code": None, "error": None}
     started = time.perf_counter()
     try:
         # Checked again at every attempt: the name may resolve elsewhere than at submit time.
@@ -113,8 +121,17 @@ def attempt_delivery(record: dict[str, str], attempt: int) -> tuple[str, dict[st
     return "retry", last
 
 
-@app.task(name=DELIVER_WEBHOOK_TASK)
-def deliver_webhook(*, job_id: str, attempt: int) -> None:
+@app.task(name=DELIVER_WEBHOOK_TASK, bind=True)
+def deliver_webhook(self: Task, **kwargs: Any) -> None:
+    """One delivery attempt (:class:`~broker.contract.WebhookDelivery`)."""
+    try:
+        delivery = WebhookDelivery.decode(kwargs)
+    except ContractError as exc:
+        # Acknowledged and dropped: a redelivery would fail the same way. The attempt was taken off
+        # the schedule when it was enqueued, so this log line is what tells of it.
+        log.error("rejected %s task %s: %s", DELIVER_WEBHOOK_TASK, self.request.id, exc)
+        return
+    job_id, attempt = delivery.job_id, delivery.attempt
     store = _store()
     # The lease outlasts one attempt (DNS + HTTP); past it a redelivered task may take over.
     lease_s = settings.webhook_dns_timeout_s + 3 * settings.webhook_timeout_s + 5
@@ -153,11 +170,8 @@ class SchedulePoller:
         store = _store()
         due = store.take_due(lease_s=_SCHEDULE_LEASE_S)
         for item in due:
-            app.send_task(
-                DELIVER_WEBHOOK_TASK,
-                kwargs={"job_id": item.job_id, "attempt": item.attempt},
-                queue=CALLBACKS_QUEUE,
-            )
+            delivery = WebhookDelivery(job_id=item.job_id, attempt=item.attempt)
+            app.send_task(DELIVER_WEBHOOK_TASK, kwargs=delivery.encode(), queue=CALLBACKS_QUEUE)
             # Removed only once it is on the queue: a crash in between re-sends it after the
             # lease, and the attempt claim turns that duplicate into a no-op.
             store.done_scheduling(item)

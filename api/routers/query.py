@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import AsyncIterator
 
@@ -12,10 +11,11 @@ from fastapi.responses import Response, StreamingResponse
 
 from api.admission import Decision
 from api.errors import ApiError
-from api.protocol import ErrorBody, QueryRequest, QueryResponse
-from api.serving import QueryService, degraded_fields
+from api.protocol import ErrorBody, QueryRequest, QueryResponse, StreamDone
+from api.serving import QueryService, degraded_fields, finished_done, splice
 from api.sse import frame
 from broker import metrics
+from broker.contract import Done, Sources, Token
 from broker.events import FINAL_EVENTS, EventTimeout
 
 router = APIRouter(prefix="/v1", tags=["query"])
@@ -66,13 +66,12 @@ async def query(
 
 async def _replay(request_id: str, cached: bytes, degraded: Decision | None = None) -> AsyncIterator[bytes]:
     """A cached answer as a stream: its sources, the whole answer as one token, done."""
-    body = json.loads(cached)
-    yield frame("sources", {"sources": body["sources"]}, event_id="0-1")
-    if body.get("answer"):
-        yield frame("token", {"text": body["answer"]}, event_id="0-2")
-    done = {k: body.get(k) for k in ("answer", "usage", "timings")}
-    done = {**done, "request_id": request_id, "cached": True, **degraded_fields(degraded)}
-    yield frame("done", done, event_id="0-3")
+    body = QueryResponse.model_validate_json(splice(request_id, cached))
+    yield frame(Sources.type, Sources(sources=body.sources).encode(), event_id="0-1")
+    if body.answer:
+        yield frame(Token.type, Token(text=body.answer).encode(), event_id="0-2")
+    done = StreamDone.from_done(body, request_id=request_id, cached=True, **degraded_fields(degraded))
+    yield frame(Done.type, done.encode(), event_id="0-3")
 
 
 async def _relay(
@@ -91,18 +90,17 @@ async def _relay(
     try:
         async for event in service.events(request_id, after=after, settle=settle):
             finished = event.type in FINAL_EVENTS
-            data = event.data
-            if event.type == "done":
+            payload = event.payload
+            if isinstance(payload, Done):
                 metrics.REQUEST_SECONDS.labels("/v1/query/stream", mode).observe(
                     time.perf_counter() - started
                 )
-                timings = {**data.get("timings", {}), "total_ms": (time.perf_counter() - started) * 1000}
-                if predicted_wait_s is not None and math.isfinite(predicted_wait_s):
-                    timings["predicted_wait_ms"] = predicted_wait_s * 1000
-                data = {**data, "request_id": request_id, "timings": timings, **degraded_fields(degraded)}
-            yield frame(event.type, data, event_id=event.id)
+                done = finished_done(payload, started, predicted_wait_s)
+                payload = StreamDone.from_done(done, request_id=request_id, **degraded_fields(degraded))
+            yield frame(event.type, payload.encode(), event_id=event.id)
     except EventTimeout:
-        yield frame("error", {"status": 504, "message": "no answer in time", "request_id": request_id})
+        timeout = {"status": 504, "message": "no answer in time", "request_id": request_id}
+        yield frame("error", json.dumps(timeout, separators=(",", ":")))
     finally:
         if not finished and abort_on_disconnect:
             # The client went away mid-answer: stop spending the engine on it (the generation

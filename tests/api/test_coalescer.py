@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 
 import pytest
 
 from api.coalescer import Coalescer
+
+
+@dataclass(frozen=True)
+class Item:
+    request_id: str
 
 
 class Recorder:
@@ -15,13 +21,13 @@ class Recorder:
         self.batches: list[list[str]] = []
         self.times: list[float] = []
 
-    async def __call__(self, items: list[dict]) -> None:
-        self.batches.append([i["request_id"] for i in items])
+    async def __call__(self, items: list[Item]) -> None:
+        self.batches.append([i.request_id for i in items])
         self.times.append(time.perf_counter())
 
 
-def _item(n: int) -> dict:
-    return {"request_id": f"r{n}"}
+def _item(n: int) -> Item:
+    return Item(f"r{n}")
 
 
 def test_lone_query_goes_at_once() -> None:
@@ -94,7 +100,7 @@ def test_a_hold_lasts_as_long_as_batches_take_to_come_back() -> None:
 
 
 def test_publish_errors_propagate_and_free_the_slot() -> None:
-    async def failing(items: list[dict]) -> None:
+    async def failing(items: list[Item]) -> None:
         raise ConnectionError("broker down")
 
     async def scenario() -> None:
@@ -153,8 +159,8 @@ def test_the_publisher_is_called_when_the_batch_is_taken() -> None:
     """Not later in a task: a publisher that writes in the call gets its write out first."""
     calls: list[list[str]] = []
 
-    def publish(items: list[dict]) -> asyncio.Future[None]:
-        calls.append([i["request_id"] for i in items])
+    def publish(items: list[Item]) -> asyncio.Future[None]:
+        calls.append([i.request_id for i in items])
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done

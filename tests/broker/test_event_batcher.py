@@ -12,6 +12,7 @@ import redis
 import redis.asyncio as aioredis
 
 from broker.cancel import request_cancel
+from broker.contract import Done, Error, Token
 from broker.event_batcher import EventBatcher, StreamWriteError
 from broker.events import EventWriter, read_events
 from broker.keys import Keys
@@ -55,8 +56,8 @@ def test_tokens_of_many_requests_in_order_in_few_round_trips(redis_url: str) -> 
         writer = EventWriter(client, KEYS, rid, ttl_s=60, maxlen=1000, batch=batcher.stream(rid))
         go.wait()
         for i in range(tokens):
-            writer.emit("token", {"text": str(i)})
-        writer.emit("done", {"answer": "all"})  # waits for the tokens before it
+            writer.emit(Token(text=str(i)))
+        writer.emit(Done(answer="all"))  # waits for the tokens before it
 
     CountingClient.round_trips = 0
     threads = [threading.Thread(target=generate, args=(rid,)) for rid in rids]
@@ -70,7 +71,7 @@ def test_tokens_of_many_requests_in_order_in_few_round_trips(redis_url: str) -> 
     for rid in rids:
         events = asyncio.run(_collect(redis_url, rid))
         assert [e.type for e in events] == ["token"] * tokens + ["done"]
-        assert [e.data["text"] for e in events[:-1]] == [str(i) for i in range(tokens)]
+        assert [e.payload.text for e in events[:-1]] == [str(i) for i in range(tokens)]
         assert 0 < client.ttl(KEYS.events(rid)) <= 60
     events_written = len(rids) * (tokens + 1)
     # One pipeline per round, not one round trip per token (the done events are one each).
@@ -82,17 +83,17 @@ def test_cancel_flag_is_seen_in_the_write_round_trip_at_most_every_interval(redi
     rid = uuid.uuid4().hex
     rarely = EventBatcher(client, KEYS, ttl_s=60, maxlen=1000, cancel_check_every_s=3600)
     stream = rarely.stream(rid)
-    stream.append("token", {"text": "a"})
+    stream.append("token", Token(text="a").encode())
     stream.flush(timeout_s=5)  # the first write asked: not cancelled
     request_cancel(client, KEYS, rid, ttl_s=30)
-    stream.append("token", {"text": "b"})
+    stream.append("token", Token(text="b").encode())
     stream.flush(timeout_s=5)
     assert not stream.cancelled  # not asked again within the interval
     rarely.close()
 
     often = EventBatcher(client, KEYS, ttl_s=60, maxlen=1000, cancel_check_every_s=0)
     seen = often.stream(rid)
-    seen.append("token", {"text": "c"})
+    seen.append("token", Token(text="c").encode())
     seen.flush(timeout_s=5)
     assert seen.cancelled
     writer = EventWriter(client, KEYS, rid, ttl_s=60, maxlen=1000, batch=seen)
@@ -104,11 +105,11 @@ def test_a_failed_write_fails_its_requests_and_the_batcher_goes_on(redis_url: st
     down = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, socket_timeout=0.2)
     batcher = EventBatcher(down, KEYS, ttl_s=60, maxlen=1000)
     stream = batcher.stream(uuid.uuid4().hex)
-    stream.append("token", {"text": "lost"})
+    stream.append("token", Token(text="lost").encode())
     with pytest.raises(StreamWriteError):
         stream.flush(timeout_s=5)
     with pytest.raises(StreamWriteError):
-        stream.append("token", {"text": "again"})
+        stream.append("token", Token(text="again").encode())
     other = batcher.stream(uuid.uuid4().hex)
     other.flush(timeout_s=5)  # nothing appended: nothing failed, and the thread still answers
     batcher.close()
@@ -120,8 +121,8 @@ def test_after_a_failed_token_write_the_final_event_still_gets_through(redis_url
     batcher = EventBatcher(down, KEYS, ttl_s=60, maxlen=1000)
     rid = uuid.uuid4().hex
     writer = EventWriter(client, KEYS, rid, ttl_s=60, maxlen=1000, batch=batcher.stream(rid))
-    writer.emit("token", {"text": "lost"})
-    writer.emit("error", {"status": 500, "message": "generation failed"})  # straight to Redis
+    writer.emit(Token(text="lost"))
+    writer.emit(Error(status=500, message="generation failed"))  # straight to Redis
     events = asyncio.run(_collect(redis_url, rid))
     assert [e.type for e in events] == ["error"]
     batcher.close()

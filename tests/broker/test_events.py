@@ -11,6 +11,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from broker.contract import Done, Error, Sources, Token
 from broker.events import EventTimeout, EventWriter, emit_many, read_events
 from broker.keys import Keys
 
@@ -34,10 +35,10 @@ def test_events_in_order_and_resume(redis_url: str) -> None:
     rid = uuid.uuid4().hex
     w = _writer(client, rid)
     assert not w.has_final()
-    w.emit("sources", {"sources": []})
+    w.emit(Sources(sources=[]))
     for piece in ("a", "b", "c"):
-        w.emit("token", {"text": piece})
-    w.emit("done", {"answer": "abc"})
+        w.emit(Token(text=piece))
+    w.emit(Done(answer="abc"))
     assert w.has_final()  # a redelivered task sees this and does nothing
 
     events = asyncio.run(_collect(redis_url, rid))
@@ -54,11 +55,11 @@ def test_reader_waits_for_events_written_later(redis_url: str) -> None:
     async def scenario() -> list:
         reader = asyncio.create_task(_collect(redis_url, rid))
         await asyncio.sleep(0.2)
-        await asyncio.to_thread(_writer(client, rid).emit, "done", {"answer": "late"})
+        await asyncio.to_thread(_writer(client, rid).emit, Done(answer="late"))
         return await reader
 
     events = asyncio.run(scenario())
-    assert [e.data for e in events] == [{"answer": "late"}]
+    assert [e.payload for e in events] == [Done(answer="late")]
 
 
 def test_reader_times_out(redis_url: str) -> None:
@@ -71,12 +72,12 @@ def test_stream_expires_from_its_first_event_and_again_from_its_last(redis_url: 
     rid = uuid.uuid4().hex
     key = KEYS.events(rid)
     w = EventWriter(client, KEYS, rid, ttl_s=60, maxlen=1000)
-    w.emit("sources", {"sources": []})
+    w.emit(Sources(sources=[]))
     assert 0 < client.ttl(key) <= 60
     client.expire(key, 30)
-    w.emit("token", {"text": "a"})  # tokens leave the TTL alone
+    w.emit(Token(text="a"))  # tokens leave the TTL alone
     assert client.ttl(key) <= 30
-    w.emit("done", {"answer": "a"})
+    w.emit(Done(answer="a"))
     assert client.ttl(key) > 30
     client.delete(key)
 
@@ -98,7 +99,7 @@ def test_a_batch_reaches_a_waiting_reader_whole(redis_url: str) -> None:
     emit_many(
         client,
         KEYS,
-        [(rid, "sources", {"sources": []}), (rid, "done", {"answer": None})],
+        [(rid, Sources(sources=[])), (rid, Done(answer=None))],
         ttl_s=60,
         maxlen=1000,
     )
@@ -106,3 +107,21 @@ def test_a_batch_reaches_a_waiting_reader_whole(redis_url: str) -> None:
     [(_stream, entries)] = first_read
     assert [fields[b"type"] for _id, fields in entries] == [b"sources", b"done"]
     assert 0 < client.ttl(KEYS.events(rid)) <= 60
+
+
+@pytest.mark.parametrize(
+    ("type_", "data"),
+    [(b"done", b'{"answer": "a", "colour": "red"}'), (b"progress", b"{}"), (b"token", b"?")],
+)
+def test_an_entry_that_breaks_the_contract_ends_the_request_with_an_error(
+    redis_url: str, type_: bytes, data: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    rid = uuid.uuid4().hex
+    _writer(client, rid).emit(Sources(sources=[]))
+    client.xadd(KEYS.events(rid), {"type": type_, "data": data})
+    _writer(client, rid).emit(Done(answer="never read"))
+    events = asyncio.run(_collect(redis_url, rid))
+    assert [e.type for e in events] == ["sources", "error"]
+    assert events[1].payload == Error(status=500, message="a worker sent a malformed event")
+    assert "breaks the event contract" in caplog.text

@@ -13,6 +13,7 @@ import redis
 import redis.asyncio as aioredis
 
 from broker import jobs
+from broker.contract import Cancelled, Done, Error, Source, Sources, Timings, Token, Usage, decode_event
 from broker.events import EventWriter
 from broker.keys import Keys
 from broker.settings import Settings
@@ -29,6 +30,9 @@ def cfg(redis_url: str) -> Settings:
 @pytest.fixture
 def client(redis_url: str) -> redis.Redis:
     return redis.Redis.from_url(redis_url)
+
+
+SOURCE = Source(chunk_id="c1", source="s.md", title="t", text="t", score=0.5)
 
 
 def _record(job_id: str, *, mode: str = "rag", webhook: str | None = "https://hooks.example.com/x") -> dict:
@@ -106,7 +110,7 @@ def test_stages_only_move_forward(client: redis.Redis, cfg: Settings) -> None:
     _create(cfg, _record(job_id))
     w = _writer(client, cfg, job_id)
     assert w.start("retrieving")
-    w.emit("sources", {"sources": [{"chunk_id": "c1", "text": "t"}]})
+    w.emit(Sources(sources=[SOURCE]))
     assert _load(client, job_id)["status"] == "generating"
     # a redelivered retrieval task does not move the job back
     assert w.start("retrieving")
@@ -120,14 +124,14 @@ def test_retrieval_mode_never_shows_generating(client: redis.Redis, cfg: Setting
     _create(cfg, _record(job_id, mode="retrieval", webhook=None))
     w = _writer(client, cfg, job_id)
     assert w.start("retrieving")
-    w.emit("sources", {"sources": [{"chunk_id": "c1"}]})
-    w.emit("done", {"answer": None, "usage": None, "timings": {"retrieval_ms": 3.0}})
+    w.emit(Sources(sources=[SOURCE]))
+    w.emit(Done(answer=None, timings=Timings(retrieval_ms=3.0)))
     rec = _load(client, job_id)
     assert rec["status"] == "done" and "generating_at" not in rec
     assert not _scheduled(client)  # no webhook_url, nothing to deliver
     body = jobs.view(rec)
-    assert body["result"]["sources"] == [{"chunk_id": "c1"}]
-    assert body["result"]["timings"]["total_ms"] > 0
+    assert body["result"]["sources"] == [SOURCE.model_dump()]
+    assert body["result"]["timings"]["total_ms"] > 0 and body["result"]["timings"]["retrieval_ms"] == 3.0
     assert body["webhook"] is None
 
 
@@ -136,13 +140,13 @@ def test_done_is_written_once_with_its_event_and_one_webhook(client: redis.Redis
     _create(cfg, _record(job_id))
     w = _writer(client, cfg, job_id)
     w.start("retrieving")
-    w.emit("sources", {"sources": [{"chunk_id": "c1"}]})
-    w.emit("token", {"text": "Hi"})
-    w.emit("done", {"answer": "Hi", "usage": {"prompt_tokens": 5, "completion_tokens": 1}, "timings": {}})
+    w.emit(Sources(sources=[SOURCE]))
+    w.emit(Token(text="Hi"))
+    w.emit(Done(answer="Hi", usage=Usage(prompt_tokens=5, completion_tokens=1)))
     assert w.has_final()
     assert not w.start("generating")  # a redelivered generation task stops here
     # a duplicate task that got as far as finishing changes nothing
-    w.emit("done", {"answer": "other", "usage": None, "timings": {}})
+    w.emit(Done(answer="other"))
     rec = _load(client, job_id)
     assert json.loads(rec["result"])["answer"] == "Hi"
     assert _scheduled(client) == [f"{job_id}:1".encode()]
@@ -157,9 +161,8 @@ def test_concurrent_finishers_win_exactly_once(client: redis.Redis, cfg: Setting
     tracker = jobs.JobTracker(client, KEYS, job_id, job_ttl_s=120)
 
     def finish(i: int) -> str:
-        data = {"answer": str(i)} if i % 2 else {"status": 500, "message": str(i)}
-        kind = "done" if i % 2 else "error"
-        return tracker.finish(KEYS.events(job_id), kind, data, stream_ttl_s=60, maxlen=100)
+        event = Done(answer=str(i)) if i % 2 else Error(status=500, message=str(i))
+        return tracker.finish(KEYS.events(job_id), event, stream_ttl_s=60, maxlen=100)
 
     with cf.ThreadPoolExecutor(8) as pool:
         outcomes = list(pool.map(finish, range(32)))
@@ -172,14 +175,15 @@ def test_cancel_beats_later_transitions(client: redis.Redis, cfg: Settings) -> N
     _create(cfg, _record(job_id))
     w = _writer(client, cfg, job_id)
     w.start("retrieving")
-    w.emit("sources", {"sources": []})
+    w.emit(Sources(sources=[]))
     assert _cancel(cfg, job_id) == "first"
     assert _cancel(cfg, job_id) == "late"
-    w.emit("token", {"text": "x"})
-    w.emit("done", {"answer": "too late", "timings": {}})
+    w.emit(Token(text="x"))
+    w.emit(Done(answer="too late"))
     rec = _load(client, job_id)
     assert rec["status"] == "cancelled" and "result" not in rec
     assert json.loads(rec["error"]) == {"status": 499, "message": "cancelled"}
+    assert decode_event("error", rec["error"]) == Cancelled()
     assert not w.start("generating")
     assert _scheduled(client) == [f"{job_id}:1".encode()]  # the webhook reports the cancellation
     body = jobs.view(rec)
@@ -192,7 +196,7 @@ def test_error_event_fails_the_job(client: redis.Redis, cfg: Settings) -> None:
     _create(cfg, _record(job_id, webhook=None))
     w = _writer(client, cfg, job_id)
     w.start("retrieving")
-    w.emit("error", {"status": 404, "message": "unknown index 'x'"})
+    w.emit(Error(status=404, message="unknown index 'x'"))
     body = jobs.view(_load(client, job_id))
     assert body["status"] == "failed"
     assert body["error"] == {"status": 404, "message": "unknown index 'x'"}

@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from broker import jobs, webhooks
+from broker.contract import Done
 from broker.keys import Keys
 from broker.settings import Settings
 from tests.webhook_receiver import documented_verify
@@ -52,7 +53,7 @@ def _finished_job(client: redis.Redis) -> str:
     )
     client.hset(KEYS.job(job_id), mapping=record)
     tracker = jobs.JobTracker(client, KEYS, job_id, job_ttl_s=120)
-    outcome = tracker.finish(KEYS.events(job_id), "done", {"answer": None}, stream_ttl_s=60, maxlen=10)
+    outcome = tracker.finish(KEYS.events(job_id), Done(answer=None), stream_ttl_s=60, maxlen=10)
     assert outcome == "first"
     return job_id
 

@@ -45,6 +45,7 @@ def test_demo_answers_say_no_sentence_twice(
     from transformers import AutoTokenizer
 
     from broker import indexes
+    from broker.contract import Source
     from broker.keys import Keys
     from broker.redis_pool import sync_client
     from workers.generation.engine import EngineHost
@@ -82,7 +83,7 @@ def test_demo_answers_say_no_sentence_twice(
         for i, question in enumerate(QUESTIONS):
             hits = loaded.search(embedder.encode([question]), 3)[0]
             sources = [
-                {"chunk_id": c.chunk_id, "source": c.source, "title": c.title, "text": c.text, "score": s}
+                Source(chunk_id=c.chunk_id, source=c.source, title=c.title, text=c.text, score=s)
                 for c, s in hits
             ]
             prompt = build_rag_prompt(demo, tokenizer, question, sources)

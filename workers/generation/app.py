@@ -10,12 +10,14 @@ import logging
 import time
 from typing import Any
 
+from celery import Task
 from celery.exceptions import Reject
 from celery.signals import worker_init, worker_shutdown, worker_shutting_down
 
 from broker import jobs, metrics
 from broker.backpressure import Occupancy
 from broker.celery_app import create_celery
+from broker.contract import Cancelled, ContractError, Done, Error, GenerateTask, Token, Usage
 from broker.event_batcher import EventBatcher
 from broker.events import EventWriter
 from broker.keys import Keys
@@ -77,18 +79,18 @@ def _stop_engine(**_: object) -> None:
         _batcher.close()
 
 
-@app.task(name=GENERATE_TASK)
-def generate(
-    *,
-    request_id: str,
-    query: str,
-    sources: list[dict[str, Any]],
-    timings: dict[str, float],
-    enqueued_at: float,
-    job_id: str | None = None,
-) -> None:
+@app.task(name=GENERATE_TASK, bind=True)
+def generate(self: Task, **kwargs: Any) -> None:
+    """One request's answer (:class:`~broker.contract.GenerateTask`)."""
     picked_at = time.time()
-    metrics.QUEUE_WAIT_SECONDS.labels(GENERATION_QUEUE).observe(max(0.0, picked_at - enqueued_at))
+    try:
+        task = GenerateTask.decode(kwargs)
+    except ContractError as exc:
+        # Acknowledged and dropped: a redelivery would fail the same way.
+        log.error("rejected %s task %s: %s", GENERATE_TASK, self.request.id, exc)
+        return
+    request_id = task.request_id
+    metrics.QUEUE_WAIT_SECONDS.labels(GENERATION_QUEUE).observe(max(0.0, picked_at - task.enqueued_at))
     client = sync_client(settings)
     writer = EventWriter(
         client,
@@ -96,7 +98,7 @@ def generate(
         request_id,
         ttl_s=settings.event_stream_ttl_s,
         maxlen=settings.event_stream_maxlen,
-        job=jobs.tracker(client, settings, job_id),
+        job=jobs.tracker(client, settings, task.job_id),
         batch=_batcher.stream(request_id) if _batcher is not None else None,
         flush_timeout_s=2 * settings.redis_socket_timeout_s + 1,
         occupancy=occupancy,
@@ -105,11 +107,8 @@ def generate(
         return
     if _engine is None:
         raise Reject("engine not started", requeue=True)
-    timings = {
-        **timings,
-        "queue_ms": timings.get("queue_ms", 0.0) + max(0.0, (picked_at - enqueued_at) * 1000),
-    }
-    prompt = build_rag_prompt(settings, _tokenizer, query, sources)
+    queue_ms = task.timings.queue_ms + max(0.0, (picked_at - task.enqueued_at) * 1000)
+    prompt = build_rag_prompt(settings, _tokenizer, task.query, task.sources)
     started = time.perf_counter()
     pieces: list[str] = []
     first_token_ms: float | None = None
@@ -124,7 +123,7 @@ def generate(
         for delta in stream:
             if writer.cancelled:
                 stream.close()  # aborts the request in the engine
-                writer.emit("error", {"status": jobs.CANCELLED_STATUS, "message": "cancelled"})
+                writer.emit(Cancelled())
                 return
             completion_tokens = delta.completion_tokens
             if delta.text:
@@ -132,7 +131,7 @@ def generate(
                     first_token_ms = (time.perf_counter() - started) * 1000
                     metrics.TTFT_SECONDS.observe(first_token_ms / 1000)
                 pieces.append(delta.text)
-                writer.emit("token", {"text": delta.text})
+                writer.emit(Token(text=delta.text))
     except EngineUnavailable as exc:
         # The engine died under us (e.g. Ctrl-C reached its process first) or the worker is
         # stopping: give the task back.
@@ -140,8 +139,7 @@ def generate(
         raise Reject(str(exc), requeue=True) from exc
     except GenerationTimeout as exc:
         writer.emit(
-            "error",
-            {"status": 504, "message": str(exc)},
+            Error(status=504, message=str(exc)),
             completes=GENERATION_QUEUE,
             service_s=time.time() - picked_at,
         )
@@ -149,24 +147,29 @@ def generate(
     except Exception as exc:
         log.exception("generation failed for %s", request_id)
         writer.emit(
-            "error",
-            {"status": 500, "message": f"generation failed: {exc}"},
+            Error(status=500, message=f"generation failed: {exc}"),
             completes=GENERATION_QUEUE,
             service_s=time.time() - picked_at,
         )
         return
-    timings["generation_ms"] = (time.perf_counter() - started) * 1000
-    metrics.GENERATION_SECONDS.observe(timings["generation_ms"] / 1000)
+    generation_ms = (time.perf_counter() - started) * 1000
+    metrics.GENERATION_SECONDS.observe(generation_ms / 1000)
     metrics.GENERATED_TOKENS.inc(completion_tokens)
-    timings["first_token_ms"] = first_token_ms or timings["generation_ms"]
+    timings = task.timings.model_copy(
+        update={
+            "queue_ms": queue_ms,
+            "generation_ms": generation_ms,
+            "first_token_ms": first_token_ms or generation_ms,
+        }
+    )
+    done = Done(
+        answer="".join(pieces).strip(),
+        usage=Usage(prompt_tokens=prompt.prompt_tokens, completion_tokens=completion_tokens),
+        sources_dropped=prompt.sources_dropped,
+        timings=timings,
+    )
     writer.emit(
-        "done",
-        {
-            "answer": "".join(pieces).strip(),
-            "usage": {"prompt_tokens": prompt.prompt_tokens, "completion_tokens": completion_tokens},
-            "sources_dropped": prompt.sources_dropped,
-            "timings": timings,
-        },
+        done,
         completes=GENERATION_QUEUE,
         service_s=time.time() - picked_at,
     )

@@ -9,9 +9,11 @@ time grows with the prompt, so the sources get a token budget of their own
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from broker.contract import Source
 from broker.settings import Settings
 
 SYSTEM_PROMPT = (
@@ -28,11 +30,11 @@ class BuiltPrompt:
     sources_dropped: int
 
 
-def _render(tokenizer: Any, query: str, sources: list[dict[str, Any]]) -> str:
+def _render(tokenizer: Any, query: str, sources: Sequence[Source]) -> str:
     # Best source first (a small model leans on what it reads first); ties by chunk id, so the
     # same sources always give the same tokens after the fixed system prefix (prefix cache).
-    ordered = sorted(sources, key=lambda s: (-s["score"], s["chunk_id"]))
-    context = "\n\n".join(f"[{n}] {s['title']}\n{s['text']}" for n, s in enumerate(ordered, start=1))
+    ordered = sorted(sources, key=lambda s: (-s.score, s.chunk_id))
+    context = "\n\n".join(f"[{n}] {s.title}\n{s.text}" for n, s in enumerate(ordered, start=1))
     messages = [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": f"Context:\n{context}\n\nQuestion: {query}"},
@@ -47,7 +49,7 @@ def _count(tokenizer: Any, text: str) -> int:
 def build_prompt(
     tokenizer: Any,
     query: str,
-    sources: list[dict[str, Any]],
+    sources: Sequence[Source],
     *,
     max_prompt_tokens: int,
     max_source_tokens: int = 0,
@@ -61,7 +63,7 @@ def build_prompt(
     limit = max_prompt_tokens
     if max_source_tokens > 0:
         limit = min(limit, _count(tokenizer, _render(tokenizer, query, [])) + max_source_tokens)
-    kept = sorted(sources, key=lambda s: -s["score"])
+    kept = sorted(sources, key=lambda s: -s.score)
     while True:
         text = _render(tokenizer, query, kept)
         n_tokens = _count(tokenizer, text)
@@ -74,7 +76,7 @@ def build_prompt(
 
 
 def build_rag_prompt(
-    settings: Settings, tokenizer: Any, query: str, sources: list[dict[str, Any]]
+    settings: Settings, tokenizer: Any, query: str, sources: Sequence[Source]
 ) -> BuiltPrompt:
     """The prompt the generation worker sends for a request, within the settings' budgets."""
     return build_prompt(

@@ -18,6 +18,7 @@ from celery.signals import worker_init
 from broker import indexes, jobs
 from broker.cancel import is_cancelled
 from broker.celery_app import create_celery
+from broker.contract import Cancelled, ContractError, Error, GenerateTask, RetrieveTask, StreamEvent
 from broker.events import EventWriter, emit_many, finished
 from broker.keys import Keys
 from broker.queues import GENERATE_TASK, GENERATION_QUEUE, RETRIEVAL_QUEUE, RETRIEVE_TASK
@@ -79,36 +80,41 @@ def _job_writer(request_id: str, job_id: str) -> EventWriter:
 
 
 @app.task(name=RETRIEVE_TASK, bind=True)
-def retrieve(self: Task, *, requests: list[dict[str, Any]]) -> None:
+def retrieve(self: Task, **kwargs: Any) -> None:
+    """A batch of queries (:class:`~broker.contract.RetrieveTask`)."""
     picked_at = time.time()
+    try:
+        requests = RetrieveTask.decode(kwargs).requests
+    except ContractError as exc:
+        # Acknowledged and dropped: a redelivery would fail the same way.
+        log.error("rejected %s task %s: %s", RETRIEVE_TASK, self.request.id, exc)
+        return
     client = sync_client(settings)
     # A redelivered batch (its worker died, or stopped before it ran it) skips the requests that
     # already finished; a first delivery has none (only the API sends batches), so it spends no
     # round trip asking. A job also moves to `retrieving` here, or is skipped if it was cancelled.
     done: set[str] = set()
     if (self.request.delivery_info or {}).get("redelivered"):
-        done = finished(client, keys, [r["request_id"] for r in requests])
-    writers = {
-        r["request_id"]: _job_writer(r["request_id"], r["job_id"]) for r in requests if r.get("job_id")
-    }
+        done = finished(client, keys, [r.request_id for r in requests])
+    writers = {r.request_id: _job_writer(r.request_id, r.job_id) for r in requests if r.job_id}
     pending = [
         r
         for r in requests
-        if r["request_id"] not in done
-        and (r["request_id"] not in writers or writers[r["request_id"]].start("retrieving"))
+        if r.request_id not in done
+        and (r.request_id not in writers or writers[r.request_id].start("retrieving"))
     ]
     if not pending:
         return
     result: Retrieved | None = None
+    result_events: list[tuple[str, StreamEvent]]
+    to_generate: list[GenerateTask]
     try:
         result = retriever().run(pending, picked_at=picked_at)
     except Exception as exc:
         log.exception("retrieval batch of %d failed", len(pending))
-        result_events = [
-            (r["request_id"], "error", {"status": 500, "message": f"retrieval failed: {exc}"})
-            for r in pending
-        ]
-        to_generate: list[dict[str, Any]] = []
+        failed = Error(status=500, message=f"retrieval failed: {exc}")
+        result_events = [(r.request_id, failed) for r in pending]
+        to_generate = []
     else:
         result_events, to_generate = result.events, result.to_generate
     # Job events go through their writer, which finishes the job atomically with its final event.
@@ -122,25 +128,15 @@ def retrieve(self: Task, *, requests: list[dict[str, Any]]) -> None:
         maxlen=settings.event_stream_maxlen,
         completes=(RETRIEVAL_QUEUE, len(pending), time.time() - picked_at),
     )
-    for request_id, kind, data in result_events:
+    for request_id, event in result_events:
         if request_id in writers:
-            writers[request_id].emit(kind, data)
-    for r in to_generate:
-        if r["request_id"] in writers and is_cancelled(client, keys, r["request_id"]):
-            writers[r["request_id"]].emit("error", {"status": jobs.CANCELLED_STATUS, "message": "cancelled"})
+            writers[request_id].emit(event)
+    for task in to_generate:
+        if task.request_id in writers and is_cancelled(client, keys, task.request_id):
+            writers[task.request_id].emit(Cancelled())
             continue
-        app.send_task(
-            GENERATE_TASK,
-            kwargs={
-                "request_id": r["request_id"],
-                "query": r["query"],
-                "sources": r["sources"],
-                "timings": r["timings"],
-                "enqueued_at": time.time(),
-                "job_id": r.get("job_id"),
-            },
-            queue=GENERATION_QUEUE,
-        )
+        sent = task.model_copy(update={"enqueued_at": time.time()})
+        app.send_task(GENERATE_TASK, kwargs=sent.encode(), queue=GENERATION_QUEUE)
     if result is not None:
         try:
             result.write_cache()

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.contract import Source
 from workers.generation.prompt import SYSTEM_PROMPT, build_prompt
 
 
@@ -16,9 +17,15 @@ def tokenizer(prepared_model: Path):
     return AutoTokenizer.from_pretrained(prepared_model)
 
 
-def _sources(n: int, words: int = 30) -> list[dict]:
+def _sources(n: int, words: int = 30) -> list[Source]:
     return [
-        {"chunk_id": f"c{i:02d}", "title": f"t{i}", "text": " ".join([f"w{i}"] * words), "score": 1 - i / 10}
+        Source(
+            chunk_id=f"c{i:02d}",
+            source="s",
+            title=f"t{i}",
+            text=" ".join([f"w{i}"] * words),
+            score=1 - i / 10,
+        )
         for i in range(n)
     ]
 

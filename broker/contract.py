@@ -1,0 +1,249 @@
+"""The typed contract between the API and the workers: every task payload and every stream event.
+
+The sender builds a model and encodes it; the receiver decodes it, which validates it. Nothing
+else crosses a queue or a stream, so a field added here reaches every reader, and a payload
+that does not validate raises :class:`ContractError` at the receiver, which says so in its log
+(a task is dropped, not retried: a redelivery would fail the same way) or in an ``error`` event.
+
+- Task payloads travel as Celery kwargs: :meth:`encode` gives JSON types only, under the kwarg
+  names the tasks always had, so a task queued by the previous release still decodes.
+- Stream events are entries ``{type, data}`` of ``ragline:ev:{request_id}``: the event's name
+  (the SSE event name too) and its JSON, as clients see it in ``data:``.
+- Models are frozen and refuse unknown fields: a field one side has and the other lacks is a
+  version mismatch, reported where it is found instead of silently dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+# What a client that gives up sends, by nginx's convention; an `error` event with it is a cancel.
+CANCELLED_STATUS = 499
+
+
+class ContractError(ValueError):
+    """A payload or event that does not match the contract."""
+
+
+def _explain(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors())
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# -- parts ------------------------------------------------------------------------------------
+
+
+class Source(_Model):
+    chunk_id: str
+    source: str
+    title: str
+    text: str
+    score: float
+
+
+SOURCES = TypeAdapter(list[Source])
+
+
+def decode_sources(data: str | bytes) -> list[Source]:
+    """A JSON list of sources (as a job record keeps them); raises ContractError."""
+    try:
+        return SOURCES.validate_json(data)
+    except ValidationError as exc:
+        raise ContractError(f"malformed sources: {_explain(exc)}") from None
+
+
+class Usage(_Model):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Timings(_Model):
+    queue_ms: float = Field(default=0.0, description="Waiting in the queues (retrieval, then generation).")
+    retrieval_ms: float = Field(default=0.0, description="Embedding and search of the batch it was in.")
+    generation_ms: float = Field(default=0.0, description="From the prompt's submission to the last token.")
+    first_token_ms: float | None = Field(
+        default=None, description="From the prompt's submission to the first token (generated answers)."
+    )
+    total_ms: float = Field(default=0.0, description="What the API (or the job) took, end to end.")
+    predicted_wait_ms: float | None = Field(
+        default=None, description="Admission's predicted wait for this answer when it was admitted."
+    )
+
+
+class Degradation(_Model):
+    """Why an answer is retrieval-only; its fields are the answer's own (see :class:`Done`)."""
+
+    degraded: bool = True
+    degraded_reason: str | None = None
+    notice: str | None = None
+
+
+# -- task payloads ------------------------------------------------------------------------------
+
+
+class _Task(_Model):
+    def encode(self) -> dict[str, Any]:
+        """The task's Celery kwargs."""
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def decode(cls, kwargs: Mapping[str, Any]) -> Self:
+        """The payload of a task called with ``kwargs``; raises ContractError."""
+        try:
+            return cls.model_validate(kwargs)
+        except ValidationError as exc:
+            raise ContractError(f"{cls.__name__}: {_explain(exc)}") from None
+
+
+class RetrieveRequest(_Model):
+    """One query of a ``ragline.retrieve`` batch."""
+
+    request_id: str
+    query: str
+    top_k: int
+    mode: Literal["rag", "retrieval"]
+    index: str
+    index_version: str | None = None
+    ef_search: int | None = None
+    nprobe: int | None = None
+    allow_early_exit: bool = True
+    enqueued_at: float
+    # An async job: the tasks mirror this request's events into its record.
+    job_id: str | None = None
+    # The API degraded it to retrieval-only; the worker copies these into its `done`.
+    degraded: Degradation | None = None
+
+
+class RetrieveTask(_Task):
+    """``ragline.retrieve``: a coalesced batch of queries."""
+
+    requests: list[RetrieveRequest]
+
+
+class GenerateTask(_Task):
+    """``ragline.generate``: one request's sources on their way to the engine."""
+
+    request_id: str
+    query: str
+    sources: list[Source]
+    timings: Timings = Field(default_factory=Timings)
+    enqueued_at: float
+    job_id: str | None = None
+
+
+class WebhookDelivery(_Task):
+    """``ragline.deliver_webhook``: one attempt at delivering a finished job."""
+
+    job_id: str
+    attempt: int = Field(ge=1)
+
+
+# -- stream events ------------------------------------------------------------------------------
+
+
+class _Event(_Model):
+    type: ClassVar[str]
+
+    def encode(self) -> str:
+        """The event's JSON: the stream entry's ``data`` and the SSE event's ``data:``."""
+        return self.model_dump_json()
+
+    @classmethod
+    def decode(cls, data: str | bytes) -> Self:
+        try:
+            return cls.model_validate_json(data)
+        except ValidationError as exc:
+            raise ContractError(f"malformed {cls.type} event: {_explain(exc)}") from None
+
+
+class Sources(_Event):
+    type: ClassVar[str] = "sources"
+
+    sources: list[Source]
+    index_version: str | None = None
+
+
+class Token(_Event):
+    type: ClassVar[str] = "token"
+
+    text: str
+
+
+class Done(_Event):
+    """The final answer. The JSON response, the SSE ``done`` event and a job's result are each
+    built on this model, so each carries every field of it."""
+
+    type: ClassVar[str] = "done"
+
+    answer: str | None = Field(
+        description="The generated answer; the best source's text on an early exit; null when retrieval-only."
+    )
+    usage: Usage | None = None
+    timings: Timings = Field(default_factory=Timings)
+    sources_dropped: int = Field(
+        default=0,
+        description="Sources left out of the prompt, lowest-scored first, to fit RAGLINE_MAX_SOURCE_TOKENS.",
+    )
+    early_exit: bool = Field(
+        default=False,
+        description="Answered with the best source, without generating: its score cleared "
+        "RAGLINE_EARLY_EXIT_SCORE.",
+    )
+    degraded: bool = Field(
+        default=False, description="Generation was too busy for the deadline: sources only, no answer."
+    )
+    degraded_reason: str | None = Field(
+        default=None, description="Why it was degraded: `generation_busy` or `generation_queue_full`."
+    )
+    notice: str | None = Field(default=None, description="A human-readable note about a degraded answer.")
+    cached: bool = Field(
+        default=False, description="Served from the result cache (timings are the original's)."
+    )
+
+    def done_fields(self) -> dict[str, Any]:
+        """This answer's :class:`Done` fields (of a Done or of any model built on it)."""
+        return {name: getattr(self, name) for name in Done.model_fields}
+
+    @classmethod
+    def from_done(cls, done: Done, **fields: Any) -> Self:
+        """``cls`` (a model built on Done) with ``done``'s fields, and ``fields`` over them."""
+        return cls(**{**done.done_fields(), **fields})
+
+
+class Error(_Event):
+    type: ClassVar[str] = "error"
+
+    status: int = Field(description="HTTP-like status: 499 cancelled, 404 unknown index, 5xx failures.")
+    message: str
+
+
+class Cancelled(Error):
+    """A cancel: on the wire an ``error`` with status 499, as it always was."""
+
+    status: Literal[499] = CANCELLED_STATUS
+    message: str = "cancelled"
+
+
+StreamEvent = Sources | Token | Done | Error
+FINAL_TYPES = frozenset({Done.type, Error.type})
+_EVENTS: dict[str, type[Sources | Token | Done | Error]] = {
+    model.type: model for model in (Sources, Token, Done, Error)
+}
+
+
+def decode_event(type_: str | bytes, data: str | bytes) -> StreamEvent:
+    """The event of a stream entry; raises ContractError for an unknown type or bad data."""
+    name = type_.decode(errors="replace") if isinstance(type_, bytes) else type_
+    model = _EVENTS.get(name)
+    if model is None:
+        raise ContractError(f"unknown event type {name!r}")
+    event = model.decode(data)
+    if isinstance(event, Error) and event.status == CANCELLED_STATUS:
+        return Cancelled(message=event.message)
+    return event
