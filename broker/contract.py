@@ -175,6 +175,16 @@ class Token(_Event):
     text: str
 
 
+class Restart(_Event):
+    """The generation starts again from the first token (its task was redelivered after a worker
+    stopped mid-answer): a reader drops the tokens it has joined so far. Only tokens after the
+    last ``restart`` make up ``done.answer``."""
+
+    type: ClassVar[str] = "restart"
+
+    reason: str = "redelivered"
+
+
 class Done(_Event):
     """The final answer. The JSON response, the SSE ``done`` event and a job's result are each
     built on this model, so each carries every field of it."""
@@ -230,10 +240,10 @@ class Cancelled(Error):
     message: str = "cancelled"
 
 
-StreamEvent = Sources | Token | Done | Error
+StreamEvent = Sources | Token | Restart | Done | Error
 FINAL_TYPES = frozenset({Done.type, Error.type})
-_EVENTS: dict[str, type[Sources | Token | Done | Error]] = {
-    model.type: model for model in (Sources, Token, Done, Error)
+_EVENTS: dict[str, type[StreamEvent]] = {
+    model.type: model for model in (Sources, Token, Restart, Done, Error)
 }
 
 

@@ -136,8 +136,16 @@ class EventWriter:
 
     def has_final(self) -> bool:
         """True when this request already finished (a redelivered task must not answer twice)."""
+        return self._last_type() in FINAL_EVENTS
+
+    def has_partial_answer(self) -> bool:
+        """True when an earlier attempt at this request streamed tokens and stopped: the attempt
+        starting now must say so (:class:`~broker.contract.Restart`) before its own tokens."""
+        return self._last_type() == Token.type
+
+    def _last_type(self) -> str:
         last = self._client.xrevrange(self._key, count=1)
-        return bool(last) and last[0][1].get(b"type", b"").decode() in FINAL_EVENTS
+        return last[0][1].get(b"type", b"").decode() if last else ""
 
 
 def emit_many(

@@ -18,10 +18,12 @@ from broker.contract import (
     Done,
     Error,
     GenerateTask,
+    Restart,
     RetrieveRequest,
     RetrieveTask,
     Source,
     Sources,
+    StreamEvent,
     Timings,
     Token,
     Usage,
@@ -170,13 +172,14 @@ def test_a_bad_task_payload_is_refused_with_what_is_wrong(model: type, kwargs: d
         Sources(sources=[SOURCE], index_version="v3"),
         Sources(sources=[]),
         Token(text=" 7:15"),
+        Restart(),
         DONE,
         Done(answer=None),
         Error(status=404, message="unknown index 'x'"),
         Cancelled(),
     ],
 )
-def test_events_round_trip_through_a_stream_entry(event: Sources | Token | Done | Error) -> None:
+def test_events_round_trip_through_a_stream_entry(event: StreamEvent) -> None:
     entry = {b"type": event.type.encode(), b"data": event.encode().encode()}  # as XRANGE returns it
     decoded = decode_event(entry[b"type"], entry[b"data"])
     assert decoded == event and type(decoded) is type(event)

@@ -11,7 +11,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from broker.contract import Done, Error, Sources, Token
+from broker.contract import Done, Error, Restart, Sources, Token
 from broker.events import EventTimeout, EventWriter, emit_many, read_events
 from broker.keys import Keys
 
@@ -46,6 +46,32 @@ def test_events_in_order_and_resume(redis_url: str) -> None:
     resumed = asyncio.run(_collect(redis_url, rid, after=events[2].id))
     assert [e.id for e in resumed] == [e.id for e in events[3:]]
     assert 0 < client.ttl(KEYS.events(rid)) <= 60
+
+
+def test_a_second_attempt_after_tokens_is_marked_a_restart(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    rid = uuid.uuid4().hex
+    first = _writer(client, rid)
+    first.emit(Sources(sources=[]))
+    assert not first.has_partial_answer()  # killed before a token: nothing to take back
+    first.emit(Token(text="par"))
+    # the worker dies here; the redelivered task's writer:
+    second = _writer(client, rid)
+    assert second.start("generating") and second.has_partial_answer()
+    second.emit(Restart())
+    assert not second.has_partial_answer()
+    for piece in ("whole ", "answer"):
+        second.emit(Token(text=piece))
+    second.emit(Done(answer="whole answer"))
+
+    joined = ""
+    for event in asyncio.run(_collect(redis_url, rid)):
+        if isinstance(event.payload, Restart):
+            joined = ""
+        elif isinstance(event.payload, Token):
+            joined += event.payload.text
+        elif isinstance(event.payload, Done):
+            assert joined == event.payload.answer
 
 
 def test_reader_waits_for_events_written_later(redis_url: str) -> None:

@@ -8,6 +8,7 @@ task to another) and generations forced to 256 tokens so that there is time to i
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -52,6 +53,16 @@ class Stack:
     def tokens(self, job_id: str) -> int:
         events = self.redis.xrange(Keys(self.settings.key_prefix).events(job_id))
         return sum(1 for _id, fields in events if fields[b"type"] == b"token")
+
+    def joined_tokens(self, job_id: str) -> str:
+        """The answer a reader of the stream joins: the tokens after the last ``restart``."""
+        joined = ""
+        for _id, fields in self.redis.xrange(Keys(self.settings.key_prefix).events(job_id)):
+            if fields[b"type"] == b"restart":
+                joined = ""
+            elif fields[b"type"] == b"token":
+                joined += json.loads(fields[b"data"])["text"]
+        return joined
 
     def finals(self, job_id: str) -> list[bytes]:
         events = self.redis.xrange(Keys(self.settings.key_prefix).events(job_id))
@@ -190,6 +201,7 @@ def test_generation_worker_killed_mid_job_finishes_once(stack: Stack, receiver: 
     assert job["result"]["answer"]
     assert stack.finals(job_id) == [b"done"]  # one final event, one result
     assert stack.tokens(job_id) > tokens_before
+    assert stack.joined_tokens(job_id) == job["result"]["answer"]  # the restart is marked
 
     (hook,) = receiver.wait(url, 1, timeout=30)
     assert b'"status":"done"' in hook.body

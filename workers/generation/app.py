@@ -17,7 +17,7 @@ from celery.signals import worker_init, worker_shutdown, worker_shutting_down
 from broker import jobs, metrics
 from broker.backpressure import Occupancy
 from broker.celery_app import create_celery
-from broker.contract import Cancelled, ContractError, Done, Error, GenerateTask, Token, Usage
+from broker.contract import Cancelled, ContractError, Done, Error, GenerateTask, Restart, Token, Usage
 from broker.event_batcher import EventBatcher
 from broker.events import EventWriter
 from broker.keys import Keys
@@ -105,6 +105,8 @@ def generate(self: Task, **kwargs: Any) -> None:
     )
     if not writer.start("generating"):
         return
+    if writer.has_partial_answer():
+        writer.emit(Restart())
     if _engine is None:
         raise Reject("engine not started", requeue=True)
     queue_ms = task.timings.queue_ms + max(0.0, (picked_at - task.enqueued_at) * 1000)
