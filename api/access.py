@@ -1,8 +1,8 @@
 """The door, before any route runs: API key (401) and token buckets (429), one Redis round trip.
 
 Sets ``request.state.principal`` (the key's id, or ``anonymous`` when auth is off) for every
-route behind it, and the rate-limit headers for the response. Probes, metrics and the docs pass
-without a key, and without spending a token.
+route behind it, and the rate-limit headers for the response. Probes, metrics, the docs and the
+web page's files pass without a key, and without spending a token.
 """
 
 from __future__ import annotations
@@ -14,13 +14,17 @@ from dataclasses import dataclass
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from api.routers.web import PAGE_PATHS
 from broker import apikeys, metrics
 from broker.ratelimit import Door, Status, Verdict
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset(
-    {"/healthz", "/readyz", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
+OPEN_PATHS = (
+    frozenset(
+        {"/healthz", "/readyz", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
+    )
+    | PAGE_PATHS
 )
 
 

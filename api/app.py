@@ -14,7 +14,7 @@ from api.access import Access
 from api.admission import Admission
 from api.fast_path import FastPath
 from api.middleware import RequestContext
-from api.routers import health, jobs, metrics, query
+from api.routers import health, indexes, jobs, metrics, query, web
 from api.serving import QueryService
 from broker.backpressure import BackpressureMonitor
 from broker.celery_app import create_celery
@@ -95,4 +95,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
+    app.include_router(indexes.router)
+    app.include_router(web.router)
     return app

@@ -23,6 +23,10 @@ class IndexInfo:
     chunks: int
     dim: int
     index_type: str = "hnsw"
+    # Recorded at ingest; None for a version ingested before they were (its registry entry or
+    # meta.json lacks them).
+    documents: int | None = None
+    bytes: int | None = None  # the version's files on disk: vectors and chunks
 
 
 def register(client: redis.Redis, keys: Keys, info: IndexInfo) -> None:

@@ -11,12 +11,15 @@ python=${PYTHON:-$(command -v python3.11 || command -v python3)}
 
 # The tests need, besides Python packages: Debian's docker-compose (validates docker-compose.yml
 # offline, no Docker engine), promtool from Debian's prometheus (checks the alert rules and
-# their unit tests) and a redis-server (.ci/run starts one when none answers). Installed only
-# when missing, as root or through a password-less sudo; otherwise named, so a newcomer knows.
+# their unit tests), a redis-server (.ci/run starts one when none answers) and chromium with
+# its chromedriver (the web page's test drives it headless). Installed only when missing, as
+# root or through a password-less sudo; otherwise named, so a newcomer knows.
 need=()
 command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 if [ "${RAGLINE_SYSTEM_PACKAGES:-1}" != 0 ] && [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     as_root=(env)

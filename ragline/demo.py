@@ -8,9 +8,8 @@ import textwrap
 import time
 from pathlib import Path
 
-import httpx
-
 from broker.settings import Settings
+from ragline.client import APIError, Client, QueryResponse
 from ragline.stack import running_stack
 
 log = logging.getLogger("ragline")
@@ -45,25 +44,28 @@ def run_demo(settings: Settings) -> int:
             ingest(stack.settings, [Path(tmp)], index_name=DEMO_INDEX)
         print("waiting for the workers (the vLLM engine takes a minute or two to start)", flush=True)
         stack.wait_ready()
-        with httpx.Client(base_url=stack.api_base, timeout=settings.request_timeout_s + 10) as client:
+        with Client(stack.api_base, timeout=settings.request_timeout_s + 10) as client:
             for question in QUESTIONS:
                 started = time.perf_counter()
-                reply = client.post("/v1/query", json={"query": question, "index": DEMO_INDEX, "top_k": 3})
-                if reply.status_code != 200:
-                    print(f"\nQ: {question}\n   failed: {reply.status_code} {reply.text}")
+                try:
+                    answer = client.query(question, index=DEMO_INDEX, top_k=3)
+                except APIError as exc:
+                    print(f"\nQ: {question}\n   failed: {exc}")
                     return 1
-                body = reply.json()
-                t = body["timings"]
-                print(f"\nQ: {question}")
-                # Under load admission control may answer with the sources only; say so plainly.
-                answer = body["answer"] if body["answer"] is not None else f"({body.get('notice')})"
-                print(textwrap.fill(f"A: {answer}", width=100, subsequent_indent="   "))
-                for s in body["sources"]:
-                    print(f"   - [{s['score']:.2f}] {Path(s['source']).stem}: {s['title']}")
-                print(
-                    f"   timings: queue {t['queue_ms']:.0f} ms, retrieval {t['retrieval_ms']:.0f} ms, "
-                    f"generation {t['generation_ms']:.0f} ms, total {t['total_ms']:.0f} ms "
-                    f"(client {1000 * (time.perf_counter() - started):.0f} ms)"
-                )
+                print_answer(question, answer, client_ms=1000 * (time.perf_counter() - started))
         print("\ndemo done; stopping ragline", flush=True)
     return 0
+
+
+def print_answer(question: str, answer: QueryResponse, *, client_ms: float) -> None:
+    t = answer.timings
+    print(f"\nQ: {question}")
+    # Under load admission control may answer with the sources only; say so plainly.
+    text = answer.answer if answer.answer is not None else f"({answer.notice})"
+    print(textwrap.fill(f"A: {text}", width=100, subsequent_indent="   "))
+    for s in answer.sources:
+        print(f"   - [{s.score:.2f}] {Path(s.source).stem}: {s.title}")
+    print(
+        f"   timings: queue {t.queue_ms:.0f} ms, retrieval {t.retrieval_ms:.0f} ms, "
+        f"generation {t.generation_ms:.0f} ms, total {t.total_ms:.0f} ms (client {client_ms:.0f} ms)"
+    )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import faiss
@@ -86,6 +88,19 @@ def build_index(settings: Settings, vectors: np.ndarray, index_type: str) -> fai
     raise ValueError(f"unknown index type {index_type!r} (hnsw or ivfpq)")
 
 
+def _record_counts(info: IndexInfo, chunks: list[Chunk]) -> IndexInfo:
+    """``info`` with its document count and size on disk (``GET /v1/indexes`` shows them; the API
+    cannot read the index's folder), written to its meta.json too, which a worker re-registers
+    from when Redis lost the registry."""
+    folder = Path(info.path)
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p.name != "meta.json")
+    info = replace(info, documents=len({c.source for c in chunks}), bytes=size)
+    staged = folder / ".meta.json.tmp"
+    staged.write_text(json.dumps(asdict(info)))
+    os.replace(staged, folder / "meta.json")
+    return info
+
+
 def ingest(
     settings: Settings,
     paths: list[Path],
@@ -111,6 +126,7 @@ def ingest(
     )
     index = build_index(settings, vectors, index_type)
     info = index_store.save(settings.indexes_dir, index_name, index, chunks, index_type=index_type)
+    info = _record_counts(info, chunks)
     # Register last: workers switch only once every file of the new version is in place.
     indexes.register(client, keys, info)
     index_bytes = Path(info.path, "index.faiss").stat().st_size
