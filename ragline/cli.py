@@ -26,15 +26,19 @@ def _models_prepare(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _ingest(args: argparse.Namespace, settings: Settings) -> int:
+    from broker.indexes import InvalidIndexName, check_index_name
+
+    name = args.index or settings.default_index
+    try:
+        # The API's rule, before anything is read or loaded: the name is a folder under the index root.
+        check_index_name(name)
+    except InvalidIndexName as exc:
+        print(f"ragline ingest: {exc}", file=sys.stderr)
+        return 2
     from workers.retrieval.ingest import ingest
 
     started = time.perf_counter()
-    report = ingest(
-        settings,
-        [Path(p) for p in args.paths],
-        index_name=args.index or settings.default_index,
-        index_type=args.index_type,
-    )
+    report = ingest(settings, [Path(p) for p in args.paths], index_name=name, index_type=args.index_type)
     info = report.info
     print(
         f"index {info.name!r} version {info.version}: {info.chunks} chunks from {report.files} files, "
