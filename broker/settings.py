@@ -12,6 +12,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from broker import host
 
+# Public in this repository: signs nothing outside development (broker/secret_policy.py).
+DEV_WEBHOOK_SECRET = "dev-whsec-6b1f0c9e4a7d4e2b8c53f1a0d9e7b246"
+
 
 def _default_home() -> Path:
     return Path.home() / ".cache" / "ragline"
@@ -31,9 +34,10 @@ class Settings(BaseSettings):
     visibility_timeout_s: int = 300
     worker_heartbeat_s: float = 2.0
     worker_heartbeat_ttl_s: float = 6.0
-    # Each worker's own Prometheus endpoint (0: off). Pods use 9100 on all interfaces.
+    # Each worker's own Prometheus endpoint (0: off), on loopback unless set otherwise: pods use
+    # 9100 on all interfaces, behind a NetworkPolicy (deploy/k8s/network-policy.yaml).
     worker_metrics_port: int = 0
-    worker_metrics_host: str = "0.0.0.0"
+    worker_metrics_host: str = "127.0.0.1"
 
     # -- storage --------------------------------------------------------------------------
     home: Path = Field(default_factory=_default_home)
@@ -157,14 +161,25 @@ class Settings(BaseSettings):
     job_metadata_max_bytes: int = 4096
     # A cancel flag outlives any task that could still look for it (a redelivery included).
     cancel_ttl_s: int = 3600
-    # The HMAC key for principals without a secret of their own (ragline:webhook-secret:{principal}).
-    # This default is for development only: production must set RAGLINE_WEBHOOK_SECRET.
-    webhook_secret: str = "dev-whsec-6b1f0c9e4a7d4e2b8c53f1a0d9e7b246"
+    # The HMAC key for principals without a secret of their own (``ragline webhooks secret set``).
+    # The default is public: the API and the callbacks worker refuse it outside dev_mode.
+    webhook_secret: str = DEV_WEBHOOK_SECRET
     # Hostnames (exact, case-insensitive) allowed to resolve to non-public addresses; JSON list
     # or comma-separated in the environment. Empty: every webhook must resolve to public IPs.
     webhook_host_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Per connect / write / read of one attempt; the attempt as a whole (DNS aside) is cut off at
+    # webhook_deadline_s, however its receiver trickles its answer.
     webhook_timeout_s: float = 10.0
+    webhook_deadline_s: float = 10.0
     webhook_dns_timeout_s: float = 2.0
+    # Each callbacks worker's resolver: threads, and lookups that may wait for one. A lookup that
+    # finds it saturated waits webhook_defer_s (jittered) and tries again without spending an attempt.
+    webhook_dns_threads: int = 4
+    webhook_dns_queue: int = 64
+    # Attempts to one host at once per callbacks worker: a slow receiver holds this many of its
+    # threads, never all; an attempt over the cap is deferred like a saturated lookup.
+    webhook_host_concurrency: int = 4
+    webhook_defer_s: float = 2.0
     webhook_max_attempts: int = 8
     # Backoff before attempt n+1: min(max, base * 2**(n-1)), half of it jittered.
     webhook_backoff_base_s: float = 1.0
@@ -205,9 +220,17 @@ class Settings(BaseSettings):
     backpressure_stale_s: float = 2.0
     retry_after_max_s: int = 60
 
+    # -- security ---------------------------------------------------------------------------
+    # Development only: lets the API, the callbacks worker and Flower start on default secrets
+    # (broker/secret_policy.py). `ragline demo` sets it for its own processes.
+    dev_mode: bool = False
+
     # -- Flower ---------------------------------------------------------------------------
     flower_port: int = 5555
+    # Loopback unless set otherwise: its /metrics and /healthcheck are not behind its basic auth.
+    flower_address: str = "127.0.0.1"
     flower_user: str = "admin"
+    # A default that refuses to start outside dev_mode; `ragline up` generates one on first start.
     flower_password: str = "ragline"
 
     # Which settings were filled from the host, and why (see host_defaults_line).
