@@ -88,6 +88,11 @@ class Settings(BaseSettings):
     # Followers of an identical in-flight query wait at most this long before computing it themselves.
     single_flight_ttl_s: float = 30.0
     embedding_cache_ttl_s: int = 7 * 24 * 3600
+    # Entries (~4·dim bytes + ~200 each: ~1.7 KB for MiniLM, so ~170 MB here), least recently used out first.
+    embedding_cache_max_entries: int = 100_000
+    # Caches write only while Redis uses less than this share of its maxmemory (broker/memory_guard.py):
+    # near the limit they give way first, and the rest stays for queues, the door and job records.
+    cache_write_max_memory_fraction: float = 0.7
 
     # -- generation engine ------------------------------------------------------------------
     # Each says what it trades; those left unset are chosen from the host (broker/host.py).
@@ -156,6 +161,10 @@ class Settings(BaseSettings):
     # -- async jobs and webhooks ------------------------------------------------------------
     # Job records (status, result, delivery state) live this long after their last change.
     job_ttl_s: int = 7 * 24 * 3600
+    # Finished records kept per API key: past it a new job removes that key's oldest finished ones
+    # (never one still running or with a webhook still to deliver). A record holds its answer and
+    # sources (up to ~65 KB at top_k=50).
+    job_records_per_key: int = 1000
     # An Idempotency-Key maps to its job for this long.
     idempotency_ttl_s: int = 24 * 3600
     job_metadata_max_bytes: int = 4096
