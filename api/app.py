@@ -22,6 +22,7 @@ from broker.keys import Keys
 from broker.queues import QUEUES
 from broker.ratelimit import Door, Limits
 from broker.redis_pool import async_client
+from broker.secret_policy import refuse_defaults
 from broker.settings import Settings, get_settings
 
 log = logging.getLogger("ragline.api")
@@ -31,6 +32,7 @@ _MAX_BODY_BYTES = 64 * 1024
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    refuse_defaults(settings, "api")  # never on the public development webhook secret
     keys = Keys(settings.key_prefix)
 
     @asynccontextmanager

@@ -14,5 +14,9 @@ def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     for name, value in settings.model_dump().items():
         env[f"RAGLINE_{name.upper()}"] = json.dumps(value) if isinstance(value, list | dict) else str(value)
-    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", **extra)
+    # A benchmark's processes live on this machine for one run: development secrets will do.
+    env.update(
+        HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", RAGLINE_DEV_MODE="true"
+    )
+    env.update(extra)
     return env

@@ -7,12 +7,32 @@ indexes (404) without loading anything; workers read it to pick up a new version
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 
 import redis
 import redis.asyncio as aioredis
 
 from broker.keys import Keys
+
+# An index name is also a folder name under the index root: nothing that could leave it.
+_INDEX_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+INDEX_NAME_RULE = "1 to 64 letters, digits, '_', '.' or '-', and not '.' or '..'"
+
+
+class InvalidIndexName(ValueError):
+    """The name breaks :data:`INDEX_NAME_RULE`; the message says so."""
+
+
+def valid_index_name(name: str) -> bool:
+    return _INDEX_NAME.fullmatch(name) is not None and name not in (".", "..")
+
+
+def check_index_name(name: str) -> str:
+    """``name`` when it is a valid index name, else :class:`InvalidIndexName`."""
+    if not valid_index_name(name):
+        raise InvalidIndexName(f"index name {name!r} is not valid: use {INDEX_NAME_RULE}")
+    return name
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,12 @@
 -- Create a job record, or return the job an Idempotency-Key already names; one atomic step so
--- two concurrent requests with the same key cannot both create a job.
--- KEYS[1] job hash, KEYS[2] idempotency key (ignored unless ARGV[4] == "1")
+-- two concurrent requests with the same key cannot both create a job. Then keep the owner within
+-- its budget of records: past it, its oldest records that are finished with nothing left to
+-- deliver are removed (a running job, or a webhook still to send, is never touched).
+-- KEYS[1] job hash, KEYS[2] idempotency key (ignored unless ARGV[4] == "1"), KEYS[3] the owner's
+-- job index (sorted set: job id -> created, unix s)
 -- ARGV[1] job id, ARGV[2] job ttl s, ARGV[3] idempotency ttl s, ARGV[4] "1" to use the key,
--- ARGV[5..] field, value, ...
+-- ARGV[5] records per owner, ARGV[6] now, ARGV[7] job key prefix ("<prefix>:job:"),
+-- ARGV[8..] field, value, ...
 -- Returns {1, job_id} when created, {0, existing_job_id} on a replay.
 if ARGV[4] == "1" then
   local existing = redis.call("GET", KEYS[2])
@@ -11,6 +15,28 @@ if ARGV[4] == "1" then
   end
   redis.call("SET", KEYS[2], ARGV[1], "EX", ARGV[3])
 end
-redis.call("HSET", KEYS[1], unpack(ARGV, 5))
+redis.call("HSET", KEYS[1], unpack(ARGV, 8))
 redis.call("EXPIRE", KEYS[1], ARGV[2])
+
+local index, budget = KEYS[3], tonumber(ARGV[5])
+redis.call("ZADD", index, ARGV[6], ARGV[1])
+redis.call("EXPIRE", index, ARGV[2])
+local over = redis.call("ZCARD", index) - budget
+if over > 0 then
+  -- The oldest first; a bounded look, so a key with many running jobs costs each create little.
+  for _, id in ipairs(redis.call("ZRANGE", index, 0, over + 99)) do
+    if over <= 0 then
+      break
+    end
+    local key = ARGV[7] .. id
+    local f = redis.call("HMGET", key, "status", "webhook_url", "delivery_status")
+    local final = f[1] == "done" or f[1] == "failed" or f[1] == "cancelled"
+    local delivered = not f[2] or f[3] == "delivered" or f[3] == "gone" or f[3] == "dead"
+    if not f[1] or (final and delivered) then
+      redis.call("DEL", key)
+      redis.call("ZREM", index, id)
+      over = over - 1
+    end
+  end
+end
 return {1, ARGV[1]}

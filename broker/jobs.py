@@ -169,15 +169,25 @@ class AsyncJobStore:
         self._finish = client.register_script(lua("job_finish"))
 
     async def create(self, record: dict[str, str], *, idempotency: str | None) -> tuple[bool, str]:
-        """Store ``record``; with an idempotency digest, returns (False, existing id) on a replay."""
+        """Store ``record``; with an idempotency digest, returns (False, existing id) on a replay.
+        The owner keeps at most ``job_records_per_key`` records: a create past it removes the
+        owner's oldest finished ones that have nothing left to deliver."""
         job_id = record["id"]
+        s = self._settings
         created, found = await self._create(
-            keys=[self._keys.job(job_id), self._keys.idempotency(idempotency or "-")],
+            keys=[
+                self._keys.job(job_id),
+                self._keys.idempotency(idempotency or "-"),
+                self._keys.jobs_of(record["owner"]),
+            ],
             args=[
                 job_id,
-                self._settings.job_ttl_s,
-                self._settings.idempotency_ttl_s,
+                s.job_ttl_s,
+                s.idempotency_ttl_s,
                 "1" if idempotency else "0",
+                s.job_records_per_key,
+                repr(time.time()),
+                self._keys.job(""),
                 *_flat(record),
             ],
         )

@@ -31,9 +31,18 @@ class Keys:
         """Level-2 cache: text digest -> float32 embedding bytes."""
         return f"{self.prefix}:emb:{digest}"
 
+    @property
+    def embedding_lru(self) -> str:
+        """Sorted set: embedding cache key -> last write or hit (ms), for its entry budget."""
+        return f"{self.prefix}:emb:lru"
+
     def job(self, job_id: str) -> str:
         """Hash: one async job's record (status, timestamps, request, result, delivery state)."""
         return f"{self.prefix}:job:{job_id}"
+
+    def jobs_of(self, principal: str) -> str:
+        """Sorted set: a principal's job ids -> creation time, for its record budget."""
+        return f"{self.prefix}:jobs:{principal}"
 
     def idempotency(self, digest: str) -> str:
         """String: the job id an Idempotency-Key maps to (digest: sha256 of principal and key)."""

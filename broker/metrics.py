@@ -39,6 +39,11 @@ LIVE_WORKERS = Gauge("ragline_live_workers", "Workers with a fresh heartbeat", [
 
 CACHE_HITS = Counter("ragline_cache_hits_total", "Cache hits", ["level"])
 CACHE_MISSES = Counter("ragline_cache_misses_total", "Cache misses", ["level"])
+CACHE_WRITES_DROPPED = Counter(
+    "ragline_cache_writes_dropped_total",
+    "Cache entries not written: Redis near its memory limit (memory) or refusing writes (oom)",
+    ["level", "reason"],
+)
 REJECTIONS = Counter("ragline_rejections_total", "Requests refused at the door", ["reason"])
 DEGRADED = Counter("ragline_degraded_total", "Answers degraded to retrieval-only", ["reason"])
 GENERATED_TOKENS = Counter("ragline_generated_tokens_total", "Tokens generated")

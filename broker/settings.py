@@ -12,6 +12,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from broker import host
 
+# Public in this repository: signs nothing outside development (broker/secret_policy.py).
+DEV_WEBHOOK_SECRET = "dev-whsec-6b1f0c9e4a7d4e2b8c53f1a0d9e7b246"
+
 
 def _default_home() -> Path:
     return Path.home() / ".cache" / "ragline"
@@ -31,9 +34,10 @@ class Settings(BaseSettings):
     visibility_timeout_s: int = 300
     worker_heartbeat_s: float = 2.0
     worker_heartbeat_ttl_s: float = 6.0
-    # Each worker's own Prometheus endpoint (0: off). Pods use 9100 on all interfaces.
+    # Each worker's own Prometheus endpoint (0: off), on loopback unless set otherwise: pods use
+    # 9100 on all interfaces, behind a NetworkPolicy (deploy/k8s/network-policy.yaml).
     worker_metrics_port: int = 0
-    worker_metrics_host: str = "0.0.0.0"
+    worker_metrics_host: str = "127.0.0.1"
 
     # -- storage --------------------------------------------------------------------------
     home: Path = Field(default_factory=_default_home)
@@ -84,6 +88,11 @@ class Settings(BaseSettings):
     # Followers of an identical in-flight query wait at most this long before computing it themselves.
     single_flight_ttl_s: float = 30.0
     embedding_cache_ttl_s: int = 7 * 24 * 3600
+    # Entries (~4·dim bytes + ~200 each: ~1.7 KB for MiniLM, so ~170 MB here), least recently used out first.
+    embedding_cache_max_entries: int = 100_000
+    # Caches write only while Redis uses less than this share of its maxmemory (broker/memory_guard.py):
+    # near the limit they give way first, and the rest stays for queues, the door and job records.
+    cache_write_max_memory_fraction: float = 0.7
 
     # -- generation engine ------------------------------------------------------------------
     # Each says what it trades; those left unset are chosen from the host (broker/host.py).
@@ -152,19 +161,34 @@ class Settings(BaseSettings):
     # -- async jobs and webhooks ------------------------------------------------------------
     # Job records (status, result, delivery state) live this long after their last change.
     job_ttl_s: int = 7 * 24 * 3600
+    # Finished records kept per API key: past it a new job removes that key's oldest finished ones
+    # (never one still running or with a webhook still to deliver). A record holds its answer and
+    # sources (up to ~65 KB at top_k=50).
+    job_records_per_key: int = 1000
     # An Idempotency-Key maps to its job for this long.
     idempotency_ttl_s: int = 24 * 3600
     job_metadata_max_bytes: int = 4096
     # A cancel flag outlives any task that could still look for it (a redelivery included).
     cancel_ttl_s: int = 3600
-    # The HMAC key for principals without a secret of their own (ragline:webhook-secret:{principal}).
-    # This default is for development only: production must set RAGLINE_WEBHOOK_SECRET.
-    webhook_secret: str = "dev-whsec-6b1f0c9e4a7d4e2b8c53f1a0d9e7b246"
+    # The HMAC key for principals without a secret of their own (``ragline webhooks secret set``).
+    # The default is public: the API and the callbacks worker refuse it outside dev_mode.
+    webhook_secret: str = DEV_WEBHOOK_SECRET
     # Hostnames (exact, case-insensitive) allowed to resolve to non-public addresses; JSON list
     # or comma-separated in the environment. Empty: every webhook must resolve to public IPs.
     webhook_host_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Per connect / write / read of one attempt; the attempt as a whole (DNS aside) is cut off at
+    # webhook_deadline_s, however its receiver trickles its answer.
     webhook_timeout_s: float = 10.0
+    webhook_deadline_s: float = 10.0
     webhook_dns_timeout_s: float = 2.0
+    # Each callbacks worker's resolver: threads, and lookups that may wait for one. A lookup that
+    # finds it saturated waits webhook_defer_s (jittered) and tries again without spending an attempt.
+    webhook_dns_threads: int = 4
+    webhook_dns_queue: int = 64
+    # Attempts to one host at once per callbacks worker: a slow receiver holds this many of its
+    # threads, never all; an attempt over the cap is deferred like a saturated lookup.
+    webhook_host_concurrency: int = 4
+    webhook_defer_s: float = 2.0
     webhook_max_attempts: int = 8
     # Backoff before attempt n+1: min(max, base * 2**(n-1)), half of it jittered.
     webhook_backoff_base_s: float = 1.0
@@ -205,9 +229,17 @@ class Settings(BaseSettings):
     backpressure_stale_s: float = 2.0
     retry_after_max_s: int = 60
 
+    # -- security ---------------------------------------------------------------------------
+    # Development only: lets the API, the callbacks worker and Flower start on default secrets
+    # (broker/secret_policy.py). `ragline demo` sets it for its own processes.
+    dev_mode: bool = False
+
     # -- Flower ---------------------------------------------------------------------------
     flower_port: int = 5555
+    # Loopback unless set otherwise: its /metrics and /healthcheck are not behind its basic auth.
+    flower_address: str = "127.0.0.1"
     flower_user: str = "admin"
+    # A default that refuses to start outside dev_mode; `ragline up` generates one on first start.
     flower_password: str = "ragline"
 
     # Which settings were filled from the host, and why (see host_defaults_line).

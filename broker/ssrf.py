@@ -4,15 +4,21 @@ Checked when a job is submitted (422) and again before each delivery attempt, an
 then connects to the address checked here, so DNS that changes in between (rebinding) cannot
 steer a delivery into the private network. Hostnames in ``webhook_host_allowlist`` skip the
 address check (tests, or a receiver deliberately inside the network).
+
+Lookups run on a :class:`Resolver`: a bounded pool with a bounded queue, where a lookup that
+hangs is written off instead of holding its thread's place.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from collections import deque
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -23,12 +29,99 @@ _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 # Cloud metadata endpoints; link-local and ULA already cover these, named to be explicit.
 _METADATA = frozenset({ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")})
 
-# getaddrinfo cannot be given a timeout: run it on a few threads and stop waiting instead.
-_resolver = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ssrf-dns")
-
 
 class WebhookRefused(ValueError):
     """The URL is not an acceptable webhook target; the message says why."""
+
+
+class ResolverBusy(WebhookRefused):
+    """No lookup slot came free in time: the resolver is saturated, which says nothing about the
+    URL (a delivery waits and tries again without spending an attempt)."""
+
+
+AddrInfo = list[tuple[Any, ...]]
+
+
+@dataclass(eq=False)
+class _Lookup:
+    host: str
+    port: int
+    future: Future[AddrInfo] = field(default_factory=Future)
+    replaced: bool = False  # its caller gave up while it ran; another thread took its place
+
+
+class Resolver:
+    """``getaddrinfo`` (which takes no timeout) on at most ``threads`` threads, with at most
+    ``queued`` lookups waiting. A lookup whose caller gave up before it started leaves the queue.
+    One that outlives its caller's timeout inside the C library is written off: a fresh thread
+    takes its place at once and the stuck one leaves once the library returns, so hanging names
+    do not keep the pool's capacity. At most ``max_stuck`` are written off at a time (a resolver
+    that never answers must not grow threads without end); past that the pool shrinks until they
+    return, and callers get :class:`ResolverBusy`."""
+
+    def __init__(self, *, threads: int = 4, queued: int = 64, max_stuck: int | None = None) -> None:
+        self._threads = threads
+        self._queued = queued
+        self._max_stuck = threads if max_stuck is None else max_stuck
+        self._ready = threading.Condition()
+        self._waiting: deque[_Lookup] = deque()
+        self._live = 0  # threads taking lookups
+        self.stuck = 0  # threads written off, still inside getaddrinfo
+
+    def lookup(self, host: str, port: int, timeout_s: float) -> AddrInfo:
+        job = _Lookup(host, port)
+        with self._ready:
+            if len(self._waiting) >= self._queued:
+                raise ResolverBusy(f"the DNS resolver is saturated (looking up {host!r})")
+            self._waiting.append(job)
+            self._grow()
+            self._ready.notify()
+        try:
+            return job.future.result(timeout=timeout_s)
+        except FutureTimeout:
+            pass
+        with self._ready:
+            if job in self._waiting:  # it never started: the pool was busy, not the name slow
+                self._waiting.remove(job)
+                raise ResolverBusy(f"no DNS lookup slot came free within {timeout_s:g}s for {host!r}")
+            if not job.future.done() and self.stuck < self._max_stuck:
+                job.replaced = True
+                self.stuck += 1
+                self._live -= 1
+                self._grow()
+        if job.future.done():
+            return job.future.result()
+        raise WebhookRefused(f"could not resolve {host!r} within {timeout_s:g}s")
+
+    def _grow(self) -> None:  # holding self._ready
+        while self._live < self._threads:
+            self._live += 1
+            threading.Thread(target=self._work, name="ssrf-dns", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            with self._ready:
+                while not self._waiting:
+                    self._ready.wait()
+                job = self._waiting.popleft()
+            try:
+                job.future.set_result(socket.getaddrinfo(job.host, job.port, 0, socket.SOCK_STREAM))
+            except BaseException as exc:
+                job.future.set_exception(exc)
+            with self._ready:
+                if job.replaced:  # written off meanwhile: its place is taken, so it leaves
+                    self.stuck -= 1
+                    return
+
+
+# The process's resolver; the callbacks worker sizes its own (configure_resolver).
+_resolver = Resolver()
+
+
+def configure_resolver(*, threads: int, queued: int) -> Resolver:
+    global _resolver
+    _resolver = Resolver(threads=threads, queued=queued)
+    return _resolver
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +196,8 @@ def _resolve(host: str, port: int, timeout_s: float) -> list[IPAddress]:
         return [ipaddress.ip_address(host)]
     except ValueError:
         pass
-    future = _resolver.submit(socket.getaddrinfo, host, port, 0, socket.SOCK_STREAM)
     try:
-        infos = future.result(timeout=timeout_s)
-    except FutureTimeout:
-        raise WebhookRefused(f"could not resolve {host!r} within {timeout_s:g}s") from None
+        infos = _resolver.lookup(host, port, timeout_s)
     except (OSError, UnicodeError) as exc:
         raise WebhookRefused(f"could not resolve {host!r}: {exc}") from None
     seen: dict[str, IPAddress] = {}
@@ -121,7 +211,8 @@ def _resolve(host: str, port: int, timeout_s: float) -> list[IPAddress]:
 
 
 def check_url(url: str, *, allowlist: list[str] | tuple[str, ...], timeout_s: float) -> Target:
-    """The URL as a :class:`Target`, or :class:`WebhookRefused`. Blocks up to ``timeout_s`` on DNS."""
+    """The URL as a :class:`Target`, or :class:`WebhookRefused` (:class:`ResolverBusy` when the
+    resolver had no room for the lookup). Blocks up to ``timeout_s`` on DNS."""
     scheme, host, port = _parse(url)
     if host in {h.lower().rstrip(".") for h in allowlist}:
         return Target(url, scheme, host, port, (), True)

@@ -30,19 +30,23 @@ DELIVERY_HEADER = "X-Ragline-Delivery"
 ATTEMPT_HEADER = "X-Ragline-Attempt"
 
 
-def sign(secret: str, timestamp: str, body: bytes) -> str:
-    """``sha256=`` + hex HMAC-SHA256 of ``{timestamp}.{body}`` with the principal's secret."""
-    mac = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
-    return "sha256=" + mac.hexdigest()
+def sign(secret: str, timestamp: str, delivery_id: str, body: bytes) -> str:
+    """``sha256=`` + hex HMAC-SHA256 of ``{timestamp}.{delivery_id}.{body}`` with the principal's
+    secret. The delivery id is what receivers drop duplicates on: signed, a captured delivery
+    cannot come back under a fresh id inside the timestamp's window."""
+    message = f"{timestamp}.{delivery_id}.".encode() + body
+    return "sha256=" + hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
 
 
-def verify(secret: str, timestamp: str, body: bytes, signature: str, *, tolerance_s: float = 300.0) -> bool:
+def verify(
+    secret: str, timestamp: str, delivery_id: str, body: bytes, signature: str, *, tolerance_s: float = 300.0
+) -> bool:
     """The receiver's check (documented in docs/webhooks.md): a fresh timestamp and a matching MAC."""
     try:
         fresh = abs(time.time() - int(timestamp)) <= tolerance_s
     except ValueError:
         return False
-    return fresh and hmac.compare_digest(sign(secret, timestamp, body), signature)
+    return fresh and hmac.compare_digest(sign(secret, timestamp, delivery_id, body), signature)
 
 
 def secret_for(client: redis.Redis, keys: Keys, principal: str, default: str) -> str:
@@ -52,7 +56,13 @@ def secret_for(client: redis.Redis, keys: Keys, principal: str, default: str) ->
 
 
 def set_secret(client: redis.Redis, keys: Keys, principal: str, secret: str) -> None:
+    """Sign the principal's deliveries with ``secret`` from the next attempt on."""
     client.set(keys.webhook_secret(principal), secret.encode())
+
+
+def clear_secret(client: redis.Redis, keys: Keys, principal: str) -> bool:
+    """Back to the deployment-wide secret; False when the principal had none of its own."""
+    return bool(client.delete(keys.webhook_secret(principal)))
 
 
 def backoff_s(attempt: int, *, base_s: float, max_s: float, rng: random.Random | None = None) -> float:
@@ -114,8 +124,10 @@ class DeliveryStore:
         last: dict[str, Any],
         next_due: float,
     ) -> str:
-        """Store attempt ``attempt``'s outcome (delivered | gone | retry); returns what happens next:
-        delivered | gone | scheduled | dead (| stale when another task took the attempt over)."""
+        """Store attempt ``attempt``'s outcome (delivered | gone | retry | deferred: it never reached
+        the receiver, so it runs again at ``next_due`` and does not count); returns what happens
+        next: delivered | gone | scheduled | dead | deferred (| stale when another task took the
+        attempt over)."""
         s = self._settings
         job_id = record["id"]
         dead = {

@@ -26,15 +26,19 @@ def _models_prepare(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _ingest(args: argparse.Namespace, settings: Settings) -> int:
+    from broker.indexes import InvalidIndexName, check_index_name
+
+    name = args.index or settings.default_index
+    try:
+        # The API's rule, before anything is read or loaded: the name is a folder under the index root.
+        check_index_name(name)
+    except InvalidIndexName as exc:
+        print(f"ragline ingest: {exc}", file=sys.stderr)
+        return 2
     from workers.retrieval.ingest import ingest
 
     started = time.perf_counter()
-    report = ingest(
-        settings,
-        [Path(p) for p in args.paths],
-        index_name=args.index or settings.default_index,
-        index_type=args.index_type,
-    )
+    report = ingest(settings, [Path(p) for p in args.paths], index_name=name, index_type=args.index_type)
     info = report.info
     print(
         f"index {info.name!r} version {info.version}: {info.chunks} chunks from {report.files} files, "
@@ -51,21 +55,47 @@ def _exec(cmd: list[str], env: dict[str, str]) -> int:
     return 0  # pragma: no cover
 
 
+def _secured(settings: Settings, *components: str, generate: bool = False) -> Settings:
+    """``settings`` with the secrets nobody set taken from the home folder (``generate``: made there
+    on a first start, and shown once); exits 2, saying why, where a component would start on a
+    default secret."""
+    from broker.secret_policy import SECRETS_FILE, DefaultSecret, refuse_defaults, with_stored_secrets
+
+    settings, created = with_stored_secrets(settings, generate=generate)
+    if created:
+        print(
+            f"first start: generated {', '.join('RAGLINE_' + n.upper() for n in created)} and stored "
+            f"them in {settings.home / SECRETS_FILE} (readable by you only); shown this once:",
+            file=sys.stderr,
+        )
+        for name, value in created.items():
+            print(f"  RAGLINE_{name.upper()}={value}", file=sys.stderr)
+    try:
+        refuse_defaults(settings, *components)
+    except DefaultSecret as exc:
+        print(f"ragline: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return settings
+
+
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
     from ragline import processes
 
+    settings = _secured(settings, args.kind)
     return _exec(processes.worker_command(args.kind, settings), processes.child_env(settings, kind=args.kind))
 
 
 def _api(args: argparse.Namespace, settings: Settings) -> int:
     from ragline import processes
 
+    settings = _secured(settings, "api")
     return _exec(processes.api_command(settings), processes.child_env(settings, kind="api"))
 
 
 def _flower(args: argparse.Namespace, settings: Settings) -> int:
     from ragline import processes
 
+    settings = _secured(settings, "flower")
     return _exec(processes.flower_command(settings), processes.child_env(settings, kind="flower"))
 
 
@@ -81,15 +111,55 @@ def _webhooks_dead(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _webhooks_secret(args: argparse.Namespace, settings: Settings) -> int:
+    import secrets
+
+    from broker import apikeys, webhooks
+    from broker.keys import Keys
+    from broker.redis_pool import sync_client
+    from broker.secret_policy import weakness
+
+    client, keys = sync_client(settings), Keys(settings.key_prefix)
+    if args.key_id not in {record.id for record in apikeys.list_keys(client, keys)}:
+        print(f"no key with id {args.key_id!r} (see: ragline keys list)", file=sys.stderr)
+        return 1
+    if args.secret_command == "clear":
+        had_one = webhooks.clear_secret(client, keys, args.key_id)
+        state = "" if had_one else " (it had none of its own)"
+        print(f"{args.key_id}: deliveries are signed with RAGLINE_WEBHOOK_SECRET{state}", file=sys.stderr)
+        return 0
+    if args.stdin:
+        secret = sys.stdin.readline().strip()
+        why = weakness(secret)
+        if why:
+            print(f"ragline webhooks secret set: that secret {why}", file=sys.stderr)
+            return 2
+    else:
+        secret = "whsec_" + secrets.token_urlsafe(32)
+    webhooks.set_secret(client, keys, args.key_id, secret)
+    print(
+        f"{args.key_id}: its deliveries are signed with its own secret from the next attempt on",
+        file=sys.stderr,
+    )
+    if not args.stdin:
+        # Only the secret goes to stdout, so `S=$(ragline webhooks secret set ID)` captures just it.
+        print("the secret follows; it is shown once, give it to the receiver now:", file=sys.stderr)
+        print(secret)
+    return 0
+
+
 def _up(args: argparse.Namespace, settings: Settings) -> int:
     from ragline.stack import running_stack
 
+    flower = not args.no_flower
+    settings = _secured(settings, "api", "callbacks", *(["flower"] if flower else []), generate=True)
     _ensure_model(settings)
-    with running_stack(settings, flower=not args.no_flower) as stack:
+    with running_stack(settings, flower=flower) as stack:
         stack.wait_ready()
         print(
-            f"ragline is up: API {stack.api_base}/docs, Flower http://127.0.0.1:{settings.flower_port} "
-            f"(user {settings.flower_user}); Ctrl-C stops everything",
+            f"ragline is up: API {stack.api_base}/docs, Flower "
+            f"http://{settings.flower_address}:{settings.flower_port} (user {settings.flower_user}); "
+            "Ctrl-C stops everything",
             flush=True,
         )
         if settings.auth_enabled:
@@ -174,11 +244,19 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("kind", choices=["retrieval", "generation", "callbacks"])
     worker.set_defaults(func=_worker)
 
-    hooks = sub.add_parser("webhooks", help="inspect webhook delivery")
+    hooks = sub.add_parser("webhooks", help="inspect webhook delivery, set per-key secrets")
     hooks_sub = hooks.add_subparsers(dest="webhooks_command", required=True)
     dead = hooks_sub.add_parser("dead", help="list dead-lettered deliveries as JSON lines, newest first")
     dead.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
     dead.set_defaults(func=_webhooks_dead)
+    secret = hooks_sub.add_parser("secret", help="an API key's own webhook signing secret")
+    secret_sub = secret.add_subparsers(dest="secret_command", required=True)
+    secret_set = secret_sub.add_parser("set", help="give a key its own secret (generated, printed once)")
+    secret_set.add_argument("key_id", help="the key's id (ragline keys list)")
+    secret_set.add_argument("--stdin", action="store_true", help="read the secret from stdin instead")
+    secret_clear = secret_sub.add_parser("clear", help="sign a key's deliveries with RAGLINE_WEBHOOK_SECRET")
+    secret_clear.add_argument("key_id")
+    secret.set_defaults(func=_webhooks_secret)
 
     sub.add_parser("api", help="serve the HTTP API with uvicorn").set_defaults(func=_api)
 

@@ -34,9 +34,10 @@ def write_demo_corpus(dest: Path) -> int:
 def run_demo(settings: Settings) -> int:
     from workers.retrieval.ingest import ingest
 
-    # The demo's API runs without API keys, on 127.0.0.1, for the length of the demo.
-    log.warning("the demo runs its API without API keys (RAGLINE_AUTH_ENABLED=false)")
-    settings = settings.model_copy(update={"auth_enabled": False})
+    # The demo's API runs without API keys, on 127.0.0.1, for the length of the demo, and on
+    # development secrets (dev mode).
+    log.warning("the demo runs its API without API keys (RAGLINE_AUTH_ENABLED=false), in dev mode")
+    settings = settings.model_copy(update={"auth_enabled": False, "dev_mode": True})
     with running_stack(settings, flower=True) as stack:
         with tempfile.TemporaryDirectory(prefix="ragline-demo-") as tmp:
             n = write_demo_corpus(Path(tmp))

@@ -81,6 +81,7 @@ def flower_command(settings: Settings) -> list[str]:
         "-A",
         "broker.celery_app:app",
         "flower",
+        f"--address={settings.flower_address}",
         f"--port={settings.flower_port}",
     ]
 
@@ -91,6 +92,11 @@ def child_env(settings: Settings, *, kind: str) -> dict[str, str]:
     env["RAGLINE_HOME"] = str(settings.home)
     # `ragline demo` turns keys off for its own children only (the API warns when they are off).
     env["RAGLINE_AUTH_ENABLED"] = str(settings.auth_enabled).lower()
+    # `ragline demo`'s dev mode, and the secrets `ragline up` keeps under its home, reach the
+    # children that check or sign with them.
+    env["RAGLINE_DEV_MODE"] = str(settings.dev_mode).lower()
+    if kind in ("api", "callbacks"):
+        env["RAGLINE_WEBHOOK_SECRET"] = settings.webhook_secret
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if kind == "flower":

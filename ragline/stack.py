@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from broker.secret_policy import refuse_defaults
 from broker.settings import Settings
 from ragline import processes
 from ragline.processes import Supervisor
@@ -73,7 +74,9 @@ def _redis_url(settings: Settings, supervisor: Supervisor) -> str:
 
 @contextmanager
 def running_stack(settings: Settings, *, flower: bool = True) -> Iterator[Stack]:
-    """Start everything; on exit (Ctrl-C included) stop every child, all within 15 s."""
+    """Start everything; on exit (Ctrl-C included) stop every child, all within 15 s. Nothing
+    starts where a component would run on a default secret (:class:`DefaultSecret`)."""
+    refuse_defaults(settings, "api", "callbacks", *(["flower"] if flower else []))
     supervisor = Supervisor()
     try:
         settings = settings.model_copy(update={"redis_url": _redis_url(settings, supervisor)})

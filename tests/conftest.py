@@ -116,6 +116,9 @@ def settings(redis_url: str, home: Path) -> Settings:
         webhook_worker_threads=4,
         # The session's API runs without keys; tests/api/test_access.py starts its own with them.
         auth_enabled=False,
+        # Not the public defaults, which the API, the callbacks worker and Flower refuse.
+        webhook_secret="test-webhook-secret-not-public",
+        flower_password="test-flower-password",
     )
 
 

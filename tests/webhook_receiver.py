@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socketserver
 import threading
 import time
 import uuid
@@ -93,5 +94,67 @@ def running_receiver() -> Iterator[Receiver]:
     try:
         yield holder["r"]
     finally:
+        server.shutdown()
+        server.server_close()
+
+
+@dataclass
+class Trickler:
+    """A hostile receiver: it reads the request, then answers a valid 200 one byte at a time."""
+
+    base: str
+    connections: int = 0
+    completed: int = 0  # answers sent to the end
+    cut_off: int = 0  # the client hung up mid-answer
+    stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def count(self, what: str) -> None:
+        with self._lock:
+            setattr(self, what, getattr(self, what) + 1)
+
+    def wait(self, what: str, n: int, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while getattr(self, what) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return int(getattr(self, what))
+
+
+@contextmanager
+def running_trickler(byte_every_s: float) -> Iterator[Trickler]:
+    """Each read the client makes gets a byte quickly enough for any per-read timeout; the whole
+    answer takes ``byte_every_s`` times its length."""
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 2\r\n\r\nok"
+    holder: dict[str, Trickler] = {}
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            trickler = holder["t"]
+            trickler.count("connections")
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = self.request.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            try:
+                for i in range(len(answer)):
+                    if trickler.stop.wait(byte_every_s):
+                        return
+                    self.request.sendall(answer[i : i + 1])
+            except OSError:
+                trickler.count("cut_off")
+                return
+            trickler.count("completed")
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    holder["t"] = Trickler(base=f"http://127.0.0.1:{server.server_address[1]}")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield holder["t"]
+    finally:
+        holder["t"].stop.set()
         server.shutdown()
         server.server_close()

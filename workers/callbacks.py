@@ -8,16 +8,20 @@ torch, no models.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import random
 import threading
 import time
+from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from celery import Task
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import worker_init, worker_ready, worker_shutdown
 
 from broker import jobs, webhooks
 from broker.celery_app import create_celery
@@ -26,14 +30,17 @@ from broker.keys import Keys
 from broker.metrics import WEBHOOK_DEAD_LETTERS, WEBHOOK_DELIVERIES
 from broker.queues import CALLBACKS_QUEUE, DELIVER_WEBHOOK_TASK
 from broker.redis_pool import sync_client
+from broker.secret_policy import DefaultSecret, refuse_defaults
 from broker.settings import get_settings
-from broker.ssrf import Target, WebhookRefused, check_url
-from workers import heartbeat
+from broker.ssrf import ResolverBusy, Target, WebhookRefused, check_url, configure_resolver
+from workers import heartbeat, metrics_server
 
 log = logging.getLogger(__name__)
 settings = get_settings()
 keys = Keys(settings.key_prefix)
 app = create_celery(settings)
+configure_resolver(threads=settings.webhook_dns_threads, queued=settings.webhook_dns_queue)
+metrics_server.install(settings)
 heartbeat.install(app, CALLBACKS_QUEUE, settings)
 
 _USER_AGENT = "ragline-webhooks/0.1"
@@ -64,8 +71,35 @@ def _request_for(target: Target) -> tuple[str, dict[str, str], dict[str, Any]]:
     return url, headers, extensions
 
 
+class HostSlots:
+    """At most ``per_host`` attempts at once to one host in this process: a receiver that answers
+    slowly (or trickles) holds that many delivery threads, never all of them."""
+
+    def __init__(self, per_host: int) -> None:
+        self.per_host = per_host
+        self._busy: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def acquire(self, host: str) -> bool:
+        with self._lock:
+            if self._busy[host] >= self.per_host:
+                return False
+            self._busy[host] += 1
+            return True
+
+    def release(self, host: str) -> None:
+        with self._lock:
+            self._busy[host] -= 1
+            if self._busy[host] <= 0:
+                del self._busy[host]
+
+
+host_slots = HostSlots(settings.webhook_host_concurrency)
+
+
 def attempt_delivery(record: dict[str, str], attempt: int) -> tuple[str, dict[str, Any]]:
-    """POST the job's final JSON once; returns (delivered | gone | retry, what happened)."""
+    """POST the job's final JSON once; returns (delivered | gone | retry | deferred, what happened).
+    ``deferred``: it never reached the receiver (this host's slots or the resolver were full)."""
     last: dict[str, Any] = {"attempt": attempt, "at": _now_iso(), "status_code": None, "error": None}
     try:
         body = json.dumps(jobs.view(record, delivery=False), separators=(",", ":")).encode()
@@ -74,17 +108,29 @@ def attempt_delivery(record: dict[str, str], attempt: int) -> tuple[str, dict[st
         # the attempt counts, so it ends dead-lettered rather than retried forever.
         log.error("job %s: its record breaks the contract: %s", record.get("id"), exc)
         return "retry", {**last, "error": f"unreadable job record: {exc}", "duration_ms": 0.0}
+    host = (urlsplit(record["webhook_url"]).hostname or "").lower()
+    if not host_slots.acquire(host):
+        error = f"deferred: {host_slots.per_host} deliveries to {host!r} already in flight"
+        return "deferred", {**last, "error": error, "duration_ms": 0.0}
+    try:
+        return _post_once(record, body, last)
+    finally:
+        host_slots.release(host)
+
+
+def _post_once(record: dict[str, str], body: bytes, last: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     timestamp = str(int(time.time()))
+    delivery_id = record.get("delivery_id", "")
     secret = webhooks.secret_for(
         sync_client(settings), keys, record.get("owner", ""), settings.webhook_secret
     )
     headers = {
         "Content-Type": "application/json",
         "User-Agent": _USER_AGENT,
-        webhooks.SIGNATURE_HEADER: webhooks.sign(secret, timestamp, body),
+        webhooks.SIGNATURE_HEADER: webhooks.sign(secret, timestamp, delivery_id, body),
         webhooks.TIMESTAMP_HEADER: timestamp,
-        webhooks.DELIVERY_HEADER: record.get("delivery_id", ""),
-        webhooks.ATTEMPT_HEADER: str(attempt),
+        webhooks.DELIVERY_HEADER: delivery_id,
+        webhooks.ATTEMPT_HEADER: str(last["attempt"]),
     }
     started = time.perf_counter()
     try:
@@ -95,18 +141,14 @@ def attempt_delivery(record: dict[str, str], attempt: int) -> tuple[str, dict[st
             timeout_s=settings.webhook_dns_timeout_s,
         )
         url, extra_headers, extensions = _request_for(target)
-        with (
-            httpx.Client(
-                timeout=settings.webhook_timeout_s, follow_redirects=False, trust_env=False
-            ) as client,
-            # Only the status matters; the body is never read, however large or slow.
-            client.stream(
-                "POST", url, content=body, headers={**headers, **extra_headers}, extensions=extensions
-            ) as response,
-        ):
-            code = response.status_code
+        code = asyncio.run(_post(url, body, {**headers, **extra_headers}, extensions))
+    except ResolverBusy as exc:
+        return "deferred", {**last, "error": f"deferred: {exc}"}
     except WebhookRefused as exc:
         last["error"] = f"refused: {exc}"
+        return "retry", last
+    except TimeoutError:
+        last["error"] = f"deadline: no complete answer within {settings.webhook_deadline_s:g}s"
         return "retry", last
     except httpx.HTTPError as exc:
         last["error"] = f"{type(exc).__name__}: {exc}"
@@ -119,6 +161,21 @@ def attempt_delivery(record: dict[str, str], attempt: int) -> tuple[str, dict[st
     if code == 410:  # the receiver says this endpoint is gone for good: stop
         return "gone", last
     return "retry", last
+
+
+async def _post(url: str, body: bytes, headers: dict[str, str], extensions: dict[str, Any]) -> int:
+    """The response's status, within webhook_deadline_s from the first byte sent to the last
+    header read: httpx's own timeouts bound each read, and a receiver trickling a byte a read
+    would hold the thread for ever without this."""
+    async with (
+        asyncio.timeout(settings.webhook_deadline_s),
+        httpx.AsyncClient(
+            timeout=settings.webhook_timeout_s, follow_redirects=False, trust_env=False
+        ) as client,
+        # Only the status matters; the body is never read, however large or slow.
+        client.stream("POST", url, content=body, headers=headers, extensions=extensions) as response,
+    ):
+        return response.status_code
 
 
 @app.task(name=DELIVER_WEBHOOK_TASK, bind=True)
@@ -134,14 +191,18 @@ def deliver_webhook(self: Task, **kwargs: Any) -> None:
     job_id, attempt = delivery.job_id, delivery.attempt
     store = _store()
     # The lease outlasts one attempt (DNS + HTTP); past it a redelivered task may take over.
-    lease_s = settings.webhook_dns_timeout_s + 3 * settings.webhook_timeout_s + 5
+    lease_s = settings.webhook_dns_timeout_s + settings.webhook_deadline_s + 5
     record = store.claim(job_id, attempt, lease_s=lease_s)
     if record is None:  # a duplicate, or the attempt already concluded
         return
     outcome, last = attempt_delivery(record, attempt)
-    next_due = time.time() + webhooks.backoff_s(
-        attempt, base_s=settings.webhook_backoff_base_s, max_s=settings.webhook_backoff_max_s
-    )
+    if outcome == "deferred":  # not the receiver's doing: soon, and for free
+        wait_s = settings.webhook_defer_s * random.uniform(0.5, 1.0)
+    else:
+        wait_s = webhooks.backoff_s(
+            attempt, base_s=settings.webhook_backoff_base_s, max_s=settings.webhook_backoff_max_s
+        )
+    next_due = time.time() + wait_s
     result = store.record(record, attempt, outcome=outcome, last=last, next_due=next_due)
     WEBHOOK_DELIVERIES.labels(outcome=result).inc()
     if result == "dead":
@@ -187,6 +248,17 @@ class SchedulePoller:
 
 
 _poller = SchedulePoller()
+
+
+@worker_init.connect(weak=False)
+def _refuse_default_secrets(**_: object) -> None:
+    # At worker start, not at import (tests import this module to call its functions). Celery
+    # logs and ignores an exception from a signal handler; SystemExit ends the worker.
+    try:
+        refuse_defaults(settings, "callbacks")
+    except DefaultSecret as exc:
+        log.critical("%s", exc)
+        raise SystemExit(2) from None
 
 
 @worker_ready.connect(weak=False)

@@ -25,7 +25,7 @@ def test_api_process_imports_nothing_heavy(redis_url: str) -> None:
         capture_output=True,
         text=True,
         timeout=120,
-        env={"RAGLINE_REDIS_URL": redis_url, "PATH": ""},
+        env={"RAGLINE_REDIS_URL": redis_url, "RAGLINE_DEV_MODE": "true", "PATH": ""},
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "", f"heavy modules in the API process: {out.stdout}"

@@ -210,3 +210,42 @@ def test_a_missing_job_stops_its_task(client: redis.Redis, cfg: Settings) -> Non
 def test_plain_requests_have_no_tracker(cfg: Settings, client: redis.Redis) -> None:
     assert jobs.tracker(client, cfg, None) is None
     assert isinstance(jobs.tracker(client, cfg, "abc"), jobs.JobTracker)
+
+
+def test_a_key_keeps_at_most_its_budget_of_finished_records(client: redis.Redis, cfg: Settings) -> None:
+    """Past job_records_per_key a new job removes its key's oldest finished records, never one
+    that is running or still has a webhook to deliver, nor another key's."""
+    owner = f"key-{uuid.uuid4().hex[:8]}"
+    budget = cfg.model_copy(update={"job_records_per_key": 3})
+
+    def make(*, finish: bool, webhook: str | None = None, who: str = owner) -> str:
+        job_id = uuid.uuid4().hex
+        assert _create(budget, {**_record(job_id, mode="retrieval", webhook=webhook), "owner": who})[0]
+        if finish:
+            w = _writer(client, budget, job_id)
+            w.start("retrieving")
+            w.emit(Done(answer=None))
+        time.sleep(0.002)  # creation order, to the millisecond
+        return job_id
+
+    running = make(finish=False)
+    pending_hook = make(finish=True, webhook="https://hooks.example.com/x")  # scheduled, not delivered
+    finished = [make(finish=True) for _ in range(3)]
+    other_key = make(finish=True, who=f"other-{owner}")
+    newest = make(finish=True)
+    exists = {
+        j: bool(client.exists(KEYS.job(j))) for j in [running, pending_hook, *finished, other_key, newest]
+    }
+    # Three finished and removable, then one more: the oldest finished ones went first, down to the
+    # budget where the rest are not removable.
+    assert exists == {
+        running: True,
+        pending_hook: True,
+        finished[0]: False,
+        finished[1]: False,
+        finished[2]: False,
+        other_key: True,
+        newest: True,
+    }
+    assert client.zcard(KEYS.jobs_of(owner)) == 3
+    assert 0 < client.ttl(KEYS.jobs_of(owner)) <= budget.job_ttl_s

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from broker import ssrf
-from broker.ssrf import WebhookRefused, check_url
+from broker.ssrf import ResolverBusy, WebhookRefused, check_url
 
 
 def _check(url: str, allowlist: tuple[str, ...] = ()) -> ssrf.Target:
@@ -120,3 +122,85 @@ def test_slow_dns_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_unresolvable_name_is_refused() -> None:
     with pytest.raises(WebhookRefused, match="resolve"):
         _check("https://no-such-host.invalid/hook")
+
+
+def _hanging_dns(monkeypatch: pytest.MonkeyPatch, release: threading.Event) -> list[str]:
+    """``ok.example`` resolves at once; any other name hangs in the C library until ``release``.
+    Returns the names looked up so far."""
+    asked: list[str] = []
+
+    def getaddrinfo(host: str, port: int, *args: object, **kwargs: object) -> list:
+        asked.append(host)
+        if host != "ok.example":
+            release.wait(30)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.215.14", port))]
+
+    monkeypatch.setattr(ssrf.socket, "getaddrinfo", getaddrinfo)
+    return asked
+
+
+def _refusal(url: str, timeout_s: float = 0.2) -> WebhookRefused:
+    try:
+        check_url(url, allowlist=(), timeout_s=timeout_s)
+    except WebhookRefused as exc:
+        return exc
+    raise AssertionError(f"{url} was accepted")
+
+
+def test_hanging_lookups_do_not_keep_the_resolvers_capacity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As many names as the resolver has threads hang (each given up on): a good name then still
+    resolves, where it used to queue behind them and fail as if it could not be resolved."""
+    release = threading.Event()
+    _hanging_dns(monkeypatch, release)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            refused = list(pool.map(_refusal, [f"https://hang-{i}.example/" for i in range(4)]))
+        assert all("could not resolve" in str(e) and not isinstance(e, ResolverBusy) for e in refused)
+        assert check_url("https://ok.example/", allowlist=(), timeout_s=1.0).addresses == ("93.184.215.14",)
+    finally:
+        release.set()
+
+
+def test_a_saturated_resolver_says_busy_not_unresolvable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past its written-off budget the pool shrinks: a lookup left waiting is ResolverBusy (the
+    delivery waits without spending an attempt), and with the queue full one is refused at once."""
+    release = threading.Event()
+    asked = _hanging_dns(monkeypatch, release)
+    resolver = ssrf.Resolver(threads=1, queued=1, max_stuck=0)
+    try:
+        with pytest.raises(WebhookRefused, match="could not resolve") as hung:
+            resolver.lookup("hang.example", 443, 0.2)  # runs, hangs, is given up on, not replaced
+        assert not isinstance(hung.value, ResolverBusy)
+        with pytest.raises(ResolverBusy, match="no DNS lookup slot came free"):
+            resolver.lookup("ok.example", 443, 0.2)  # waits behind it, leaves the queue
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(resolver.lookup, "ok.example", 443, 30.0)
+            deadline = time.monotonic() + 5
+            while not resolver._waiting:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            with pytest.raises(ResolverBusy, match="saturated"):
+                resolver.lookup("ok.example", 443, 30.0)  # the queue is full: no wait at all
+            release.set()  # the hung lookup returns; its thread takes the waiting one
+            assert waiting.result(timeout=5)[0][4][0] == "93.184.215.14"
+        assert asked == ["hang.example", "ok.example"]  # the abandoned lookup never ran
+    finally:
+        release.set()
+
+
+def test_a_written_off_thread_leaves_once_its_lookup_returns(monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+    _hanging_dns(monkeypatch, release)
+    resolver = ssrf.Resolver(threads=1, queued=4, max_stuck=1)
+    before = threading.active_count()
+    try:
+        with pytest.raises(WebhookRefused, match="could not resolve"):
+            resolver.lookup("hang.example", 443, 0.2)
+        assert resolver.stuck == 1
+        assert resolver.lookup("ok.example", 443, 1.0)  # on the thread that took its place
+    finally:
+        release.set()
+    deadline = time.monotonic() + 5
+    while resolver.stuck or threading.active_count() > before + 1:
+        assert time.monotonic() < deadline, (resolver.stuck, threading.active_count(), before)
+        time.sleep(0.01)

@@ -60,24 +60,40 @@ def _finished_job(client: redis.Redis) -> str:
 
 def test_signature_matches_the_documented_recipe() -> None:
     body = b'{"job_id":"abc","status":"done"}'
-    timestamp = str(int(time.time()))
-    signature = webhooks.sign("s3cret", timestamp, body)
-    # docs/webhooks.md: HMAC-SHA256 over "<timestamp>.<raw body>", hex, prefixed "sha256="
-    expected = hmac.new(b"s3cret", f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    timestamp, delivery = str(int(time.time())), "9b2f6c0e8d0b4f51a1a4c3f0e6f8d2aa"
+    signature = webhooks.sign("s3cret", timestamp, delivery, body)
+    # docs/webhooks.md: HMAC-SHA256 over "<timestamp>.<delivery id>.<raw body>", hex, prefixed "sha256="
+    expected = hmac.new(b"s3cret", f"{timestamp}.{delivery}.".encode() + body, hashlib.sha256).hexdigest()
     assert signature == "sha256=" + expected
-    assert webhooks.verify("s3cret", timestamp, body, signature)
-    assert not webhooks.verify("other", timestamp, body, signature)
-    assert not webhooks.verify("s3cret", timestamp, body + b" ", signature)
+    assert webhooks.verify("s3cret", timestamp, delivery, body, signature)
+    assert not webhooks.verify("other", timestamp, delivery, body, signature)
+    assert not webhooks.verify("s3cret", timestamp, delivery, body + b" ", signature)
     old = str(int(time.time()) - 3600)
-    assert not webhooks.verify("s3cret", old, body, webhooks.sign("s3cret", old, body))
+    assert not webhooks.verify("s3cret", old, delivery, body, webhooks.sign("s3cret", old, delivery, body))
+
+
+def test_a_captured_delivery_does_not_replay_under_a_fresh_id() -> None:
+    """Receivers drop duplicates by X-Ragline-Delivery: a replay that changes it must not verify."""
+    body = b'{"job_id":"abc","status":"done"}'
+    timestamp = str(int(time.time()))
+    signature = webhooks.sign("s3cret", timestamp, "delivery-1", body)
+    assert not webhooks.verify("s3cret", timestamp, "delivery-2", body, signature)
+    verify = documented_verify()
+    headers = {"X-Ragline-Timestamp": timestamp, "X-Ragline-Signature": signature}
+    assert verify("s3cret", httpx.Headers({**headers, "X-Ragline-Delivery": "delivery-1"}), body)
+    assert not verify("s3cret", httpx.Headers({**headers, "X-Ragline-Delivery": "delivery-2"}), body)
 
 
 def test_the_recipe_in_the_docs_verifies() -> None:
     verify = documented_verify()
     body = b'{"job_id":"abc","status":"done"}'
-    timestamp = str(int(time.time()))
+    timestamp, delivery = str(int(time.time())), uuid.uuid4().hex
     headers = httpx.Headers(
-        {"X-Ragline-Timestamp": timestamp, "X-Ragline-Signature": webhooks.sign("s3cret", timestamp, body)}
+        {
+            "X-Ragline-Timestamp": timestamp,
+            "X-Ragline-Delivery": delivery,
+            "X-Ragline-Signature": webhooks.sign("s3cret", timestamp, delivery, body),
+        }
     )
     assert verify("s3cret", headers, body)
     assert not verify("s3cret", headers, body.replace(b"done", b"fail"))
@@ -142,6 +158,32 @@ def test_delivered_and_gone_stop(client: redis.Redis, store: webhooks.DeliverySt
         assert store.claim(job_id, 2, lease_s=30) is None
     assert client.zcard(KEYS.webhook_schedule) == 2  # the two first attempts, never removed here
     assert webhooks.dead_letters(client, KEYS) == []
+
+
+def test_a_deferred_attempt_runs_again_without_counting(
+    client: redis.Redis, store: webhooks.DeliveryStore
+) -> None:
+    """Deferred (the resolver or the host's slots were full): the same attempt is due again, the
+    attempt count and the last attempt stay as they were, and the max attempts still apply."""
+    job_id = _finished_job(client)
+    for _ in range(5):  # more deferrals than webhook_max_attempts: none of them counts
+        (due,) = store.take_due()
+        assert (due.job_id, due.attempt) == (job_id, 1)
+        store.done_scheduling(due)
+        record = store.claim(job_id, 1, lease_s=30)
+        assert record is not None
+        assert store.record(record, 1, outcome="deferred", last={"error": "x"}, next_due=time.time() - 1) == (
+            "deferred"
+        )
+    rec = jobs.decode(client.hgetall(KEYS.job(job_id)))
+    assert rec["delivery_attempts"] == "0" and rec["delivery_status"] == "scheduled"
+    assert "delivery_last" not in rec and rec["delivery_deferrals"] == "5"
+    assert client.ttl(KEYS.job(job_id)) > 0
+    (due,) = store.take_due()
+    store.done_scheduling(due)
+    record = store.claim(job_id, 1, lease_s=30)
+    assert store.record(record, 1, outcome="retry", last={"status_code": 500}, next_due=0) == "scheduled"
+    assert client.hget(KEYS.job(job_id), "delivery_attempts") == b"1"
 
 
 def test_a_dead_workers_attempt_is_taken_over(client: redis.Redis, store: webhooks.DeliveryStore) -> None:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
+import redis
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,9 +43,35 @@ def _docker_compose() -> str:
     return exe
 
 
-def _compose_env() -> dict[str, str]:
-    # Only the file on disk decides: no COMPOSE_* from the caller's shell.
-    return {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")}
+# What an operator puts in .env; the file has no defaults for them.
+SECRETS = {
+    "RAGLINE_REDIS_PASSWORD": "0f1e2d3c4b5a69788796a5b4c3d2e1f0",
+    "RAGLINE_WEBHOOK_SECRET": "test-webhook-secret-for-compose",
+    "RAGLINE_FLOWER_PASSWORD": "test-flower-password",
+}
+
+
+def _compose_env(**secrets: str) -> dict[str, str]:
+    # Only the file on disk decides: no COMPOSE_* or secrets from the caller's shell.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_") and k not in SECRETS}
+    return {**env, **secrets}
+
+
+def _config(*profiles: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [_docker_compose()]
+    for profile in profiles:
+        cmd += ["--profile", profile]
+    cmd += ["-f", "docker-compose.yml", "config"]
+    env = _compose_env(**SECRETS) if env is None else env
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.fixture(scope="module")
+def resolved() -> dict:
+    """The file as compose resolves it, every profile on, the secrets set."""
+    done = _config("setup", "ingest", "gpu")
+    assert done.returncode == 0, done.stderr
+    return yaml.safe_load(done.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -57,15 +86,98 @@ def compose() -> dict:
     ids=lambda p: "+".join(p) or "default",
 )
 def test_compose_config_validates(profiles: tuple[str, ...]) -> None:
-    exe = _docker_compose()
-    cmd = [exe]
-    for profile in profiles:
-        cmd += ["--profile", profile]
-    cmd += ["-f", "docker-compose.yml", "config", "-q"]
-    proc = subprocess.run(
-        cmd, cwd=REPO, env=_compose_env(), capture_output=True, text=True, timeout=60, check=False
-    )
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    proc = _config(*profiles)
+    assert proc.returncode == 0, f"compose config failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+
+
+@pytest.mark.parametrize("missing", sorted(SECRETS))
+def test_compose_refuses_to_start_without_each_secret(missing: str) -> None:
+    """No placeholder to fall back to: without the secret, compose stops and names it."""
+    proc = _config(env=_compose_env(**{k: v for k, v in SECRETS.items() if k != missing}))
+    assert proc.returncode != 0
+    assert f"set {missing}" in proc.stderr, proc.stderr
+
+
+def _published(port: object) -> tuple[str, int]:
+    """(host interface, host port) of one `ports` entry as `compose config` prints it."""
+    if isinstance(port, dict):
+        return str(port.get("host_ip", "0.0.0.0")), int(port["published"])
+    parts = str(port).split("/")[0].split(":")
+    return (parts[0] if len(parts) == 3 else "0.0.0.0"), int(parts[-2] if len(parts) > 1 else parts[0])
+
+
+def test_only_the_api_is_published_on_every_interface(resolved: dict) -> None:
+    published = {
+        name: [_published(p) for p in service.get("ports", [])]
+        for name, service in resolved["services"].items()
+    }
+    assert published.pop("api") == [("0.0.0.0", 8000)]
+    assert published.pop("flower") == [("127.0.0.1", 5555)]
+    assert all(ports == [] for ports in published.values()), published
+    assert "expose" not in resolved["services"]["redis"]
+
+
+def test_every_process_logs_in_to_redis_with_its_password(resolved: dict) -> None:
+    password = SECRETS["RAGLINE_REDIS_PASSWORD"]
+    for name, service in resolved["services"].items():
+        if name != "redis":
+            assert (
+                service["environment"]["RAGLINE_REDIS_URL"] == f"redis://ragline:{password}@redis:6379/0"
+            ), name
+    redis = resolved["services"]["redis"]
+    assert redis["environment"]["REDISCLI_AUTH"] == password
+    assert "redis-cli --user ragline ping | grep -q PONG" in redis["healthcheck"]["test"][1]
+
+
+def test_secrets_reach_the_processes_that_check_them(resolved: dict) -> None:
+    services = resolved["services"]
+    for name in ("api", "callbacks-worker"):
+        assert services[name]["environment"]["RAGLINE_WEBHOOK_SECRET"] == SECRETS["RAGLINE_WEBHOOK_SECRET"]
+    assert services["flower"]["environment"]["RAGLINE_FLOWER_PASSWORD"] == SECRETS["RAGLINE_FLOWER_PASSWORD"]
+
+
+def test_redis_as_compose_runs_it_refuses_anonymous_clients(resolved: dict, tmp_path: Path) -> None:
+    """The redis service's own command line on a real redis-server: no client gets in without
+    the password, ragline's URL does, and the healthcheck's redis-cli passes."""
+    redis_server = shutil.which("redis-server")
+    assert redis_server, "redis-server is needed (Debian: apt-get install -y redis-server)"
+    service = resolved["services"]["redis"]
+    command = service["command"]
+    assert command[0] == "redis-server"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [redis_server, *command[1:], "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path)]
+    server = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        url = resolved["services"]["api"]["environment"]["RAGLINE_REDIS_URL"]
+        url = url.replace("@redis:6379", f"@127.0.0.1:{port}")
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert redis.Redis.from_url(url, socket_timeout=2).ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        anonymous = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2)
+        with pytest.raises(redis.AuthenticationError):
+            anonymous.hset("ragline:apikeys", "digest", "{}")
+        wrong = redis.Redis.from_url(
+            url.replace(SECRETS["RAGLINE_REDIS_PASSWORD"], "guess"), socket_timeout=2
+        )
+        with pytest.raises(redis.AuthenticationError):
+            wrong.ping()
+        kind, line = service["healthcheck"]["test"]
+        assert kind == "CMD-SHELL"
+        probe = ["sh", "-c", line.replace("redis-cli", f"redis-cli -p {port}", 1)]
+        env = {**os.environ, **service["environment"]}
+        assert subprocess.run(probe, env=env, timeout=10, check=False).returncode == 0
+        unauthenticated = {k: v for k, v in env.items() if k != "REDISCLI_AUTH"}
+        assert subprocess.run(probe, env=unauthenticated, timeout=10, check=False).returncode != 0
+    finally:
+        server.terminate()
+        server.wait(10)
 
 
 def test_no_version_key(compose: dict) -> None:
@@ -100,7 +212,7 @@ def test_api(compose: dict) -> None:
 def test_common_environment(compose: dict) -> None:
     for name in EXPECTED_SERVICES - {"redis"}:
         env = compose["services"][name]["environment"]
-        assert env["RAGLINE_REDIS_URL"] == "redis://redis:6379/0", name
+        assert env["RAGLINE_REDIS_URL"].startswith("redis://ragline:${RAGLINE_REDIS_PASSWORD:?"), name
         assert str(env["HF_HUB_OFFLINE"]) == "1", name
 
 
@@ -131,14 +243,12 @@ def test_generation_worker_sizes_itself(compose: dict) -> None:
 
 def test_flower_basic_auth_and_sigint(compose: dict) -> None:
     flower = compose["services"]["flower"]
-    command = flower["command"]
-    command = " ".join(command) if isinstance(command, list) else command
-    assert "celery -A broker.celery_app:app flower" in command
-    assert "--port=5555" in command
-    assert "--basic-auth=" in command
+    # `ragline flower`: it refuses a guessable password, and passes it in the environment.
+    assert flower["command"] == ["ragline", "flower"]
     env = flower["environment"]
+    assert env["RAGLINE_FLOWER_PORT"] == "5555" and env["RAGLINE_FLOWER_ADDRESS"] == "0.0.0.0"
     assert "RAGLINE_FLOWER_USER" in env
-    assert "RAGLINE_FLOWER_PASSWORD" in env
+    assert env["RAGLINE_FLOWER_PASSWORD"].startswith("${RAGLINE_FLOWER_PASSWORD:?"), "no default password"
     assert flower["stop_signal"] == "SIGINT"
 
 

@@ -20,6 +20,8 @@ K8S_DIR = REPO / "deploy" / "k8s"
 K8S_VERSION = "1.30.0"
 
 WORKERS = ("retrieval-worker", "generation-worker", "callbacks-worker")
+SECRET = "ragline-secrets"  # created by hand (docs/operations.md), never in this repository
+NAMESPACE = "ragline"
 WORKER_METRICS_PORT = 9100
 METRICS_URL = f"http://127.0.0.1:{WORKER_METRICS_PORT}/metrics"
 # Objects that come from CRDs or tools, not from the Kubernetes API itself.
@@ -170,11 +172,93 @@ def test_pdbs_cover_api_and_every_worker() -> None:
         assert pdb["spec"].get("maxUnavailable") == 1, name
 
 
-def test_redis_url_points_at_the_redis_service() -> None:
-    url = _configmap_env()["RAGLINE_REDIS_URL"]
-    host = re.match(r"redis://([^:/]+)", url)
-    assert host, url
-    assert host.group(1) in _objects("Service")
+def _ragline_containers() -> dict[str, dict[str, Any]]:
+    workloads = {**_objects("Deployment"), **_objects("StatefulSet")}
+    return {name: _container(w) for name, w in workloads.items()}
+
+
+def test_every_ragline_pod_logs_in_to_redis_with_the_secret_password() -> None:
+    """RAGLINE_REDIS_URL carries the ACL user and the password from the Secret, expanded by
+    Kubernetes from a variable defined before it, and names the redis Service."""
+    assert "RAGLINE_REDIS_URL" not in _configmap_env(), "a URL with a password belongs in no ConfigMap"
+    for name, deployment in _objects("Deployment").items():
+        env = _container(deployment)["env"]
+        names = [e["name"] for e in env]
+        password = env[names.index("RAGLINE_REDIS_PASSWORD")]
+        assert password["valueFrom"]["secretKeyRef"] == {"name": SECRET, "key": "RAGLINE_REDIS_PASSWORD"}, (
+            name
+        )
+        url = env[names.index("RAGLINE_REDIS_URL")]
+        assert names.index("RAGLINE_REDIS_PASSWORD") < names.index("RAGLINE_REDIS_URL"), (
+            f"{name}: $(RAGLINE_REDIS_PASSWORD) expands only from a variable defined before it"
+        )
+        match = re.fullmatch(r"redis://ragline:\$\(RAGLINE_REDIS_PASSWORD\)@([^:/]+):6379/0", url["value"])
+        assert match, f"{name}: {url['value']}"
+        assert match.group(1) in _objects("Service")
+
+
+def test_redis_requires_a_password() -> None:
+    container = _container(_objects("StatefulSet")["redis"])
+    args = container["args"]
+    users = [" ".join(args[i + 1 : i + 3]) for i, a in enumerate(args) if a == "--user"]
+    assert "default off" in users, "anonymous clients must be refused"
+    ragline = args[args.index("ragline", args.index("--user")) : args.index("ragline") + 6]
+    assert ragline == ["ragline", "on", ">$(RAGLINE_REDIS_PASSWORD)", "~*", "&*", "+@all"], ragline
+    env = _env(container)
+    for key in ("RAGLINE_REDIS_PASSWORD", "REDISCLI_AUTH"):
+        assert env[key]["secretKeyRef"] == {"name": SECRET, "key": "RAGLINE_REDIS_PASSWORD"}, key
+    for kind in ("readinessProbe", "livenessProbe"):
+        # redis-cli exits 0 on NOAUTH: only the PONG says the probe got in.
+        assert "redis-cli --user ragline ping | grep -q PONG" in _exec_cmd(container[kind]), kind
+
+
+# RAGLINE_WEBHOOK_SECRET, *_PASSWORD, REDISCLI_AUTH, FLOWER_BASIC_AUTH, *_TOKEN (not
+# TOKENIZERS_PARALLELISM, RAGLINE_AUTH_ENABLED).
+_SECRET_NAME = re.compile(r"(SECRET|PASSWORD|TOKEN)(_|$)|_AUTH$")
+
+
+def test_every_secret_comes_from_a_secret() -> None:
+    """Nothing secret is written in a manifest: every such variable comes from a Secret that must
+    exist (not optional), and no ConfigMap value carries one."""
+    for name, container in _ragline_containers().items():
+        env = container.get("env", [])
+        defined: list[str] = []
+        for entry in env:
+            if _SECRET_NAME.search(entry["name"]):
+                ref = entry.get("valueFrom", {}).get("secretKeyRef")
+                assert ref and "value" not in entry, f"{name}: {entry['name']} is not taken from a Secret"
+                assert not ref.get("optional", False), f"{name}: {entry['name']} must not start without it"
+            for used in re.findall(r"\$\(([A-Z0-9_]+)\)", entry.get("value", "")):
+                assert used in defined, f"{name}: {entry['name']} uses $({used}) before it is defined"
+            defined.append(entry["name"])
+        assert all("secretRef" not in ref for ref in container.get("envFrom", [])), name
+    for key, value in _configmap_env().items():
+        assert not _SECRET_NAME.search(key), key
+        assert not re.search(r"://[^/\s]*@", value), f"{key} carries credentials"
+
+
+@pytest.mark.parametrize("name", ["api", "callbacks-worker"])
+def test_the_webhook_secret_comes_from_the_secret(name: str) -> None:
+    """The callbacks worker signs with it and the API checks it: both refuse the public default,
+    so both must get the real one."""
+    env = _env(_container(_objects("Deployment")[name]))
+    assert env["RAGLINE_WEBHOOK_SECRET"]["secretKeyRef"] == {"name": SECRET, "key": "RAGLINE_WEBHOOK_SECRET"}
+
+
+def test_operations_docs_create_every_secret_the_manifests_read() -> None:
+    refs: dict[str, set[str]] = {}
+    for container in _ragline_containers().values():
+        for entry in container.get("env", []):
+            ref = entry.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                refs.setdefault(ref["name"], set()).add(ref["key"])
+    docs = (REPO / "docs" / "operations.md").read_text(encoding="utf-8")
+    for secret, keys in refs.items():
+        command = docs.split(f"create secret generic {secret}", 1)
+        assert len(command) == 2, f"docs/operations.md does not create the Secret {secret}"
+        block = command[1].split("\n\n", 1)[0]
+        for key in keys:
+            assert f"--from-literal={key}=" in block, f"{secret}: {key} is not created in the docs"
 
 
 def test_redis_persists_with_aof_and_never_evicts() -> None:
@@ -235,6 +319,8 @@ def test_worker_command_metrics_port_and_probes(name: str) -> None:
     container = _container(deployment)
     assert container["command"] == ["ragline", "worker", name.removesuffix("-worker")]
     assert _env(container)["RAGLINE_WORKER_METRICS_PORT"] == str(WORKER_METRICS_PORT)
+    # Loopback is the default; Prometheus scrapes the pod's address (the NetworkPolicy guards it).
+    assert _env(container)["RAGLINE_WORKER_METRICS_HOST"] == "0.0.0.0"
     assert {"name": "metrics", "containerPort": WORKER_METRICS_PORT} in container["ports"]
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
@@ -306,7 +392,7 @@ def test_flower_network_policy_admits_only_this_namespace() -> None:
     policies = [
         p
         for p in _objects("NetworkPolicy").values()
-        if _matches(p["spec"]["podSelector"]["matchLabels"], flower_labels)
+        if p["spec"].get("ingress") and _selects(p["spec"]["podSelector"], flower_labels)
     ]
     assert len(policies) == 1
     spec = policies[0]["spec"]
@@ -317,6 +403,117 @@ def test_flower_network_policy_admits_only_this_namespace() -> None:
             assert set(peer) == {"podSelector"}, f"peer reaches outside the namespace: {peer}"
     text = (K8S_DIR / "flower.yaml").read_text(encoding="utf-8")
     assert "/metrics" in text and "basic auth" in text, "say why: /metrics is not behind basic auth"
+    assert _env(_container(_objects("Deployment")["flower"]))["RAGLINE_FLOWER_ADDRESS"] == "0.0.0.0"
+
+
+# -- NetworkPolicy: evaluated as Kubernetes does, for pods of every kind ----------------------
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A label selector (matchLabels and matchExpressions); an empty one selects everything."""
+    if not _matches(selector.get("matchLabels", {}), labels):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        if (
+            (op == "In" and labels.get(key) not in values)
+            or (op == "NotIn" and key in labels and labels[key] in values)
+            or (op == "Exists" and key not in labels)
+            or (op == "DoesNotExist" and key in labels)
+        ):
+            return False
+    return True
+
+
+def _peer_admits(peer: dict[str, Any], labels: dict[str, str], namespace: str) -> bool:
+    if "ipBlock" in peer:
+        return False  # nothing here is reached by address
+    ns_labels = {"kubernetes.io/metadata.name": namespace}
+    in_ns = (
+        _selects(peer["namespaceSelector"], ns_labels)
+        if "namespaceSelector" in peer
+        else namespace == NAMESPACE
+    )
+    return in_ns and _selects(peer.get("podSelector", {}), labels)
+
+
+def _admitted(labels: dict[str, str], dest: dict[str, str], port: int, namespace: str = NAMESPACE) -> bool:
+    """Whether a pod with ``labels`` in ``namespace`` may open ``port`` on a ragline pod ``dest``."""
+    policies = [
+        p["spec"]
+        for p in _objects("NetworkPolicy").values()
+        if "Ingress" in p["spec"]["policyTypes"] and _selects(p["spec"]["podSelector"], dest)
+    ]
+    if not policies:
+        return True
+    for spec in policies:
+        for rule in spec.get("ingress", []):
+            ports = rule.get("ports")
+            if ports and not any(p.get("protocol", "TCP") == "TCP" and p.get("port") == port for p in ports):
+                continue
+            peers = rule.get("from")
+            if not peers or any(_peer_admits(peer, labels, namespace) for peer in peers):
+                return True
+    return False
+
+
+def _pod_labels(name: str) -> dict[str, str]:
+    workloads = {**_objects("Deployment"), **_objects("StatefulSet")}
+    return workloads[name]["spec"]["template"]["metadata"]["labels"]
+
+
+INTRUDER = {"app": "intruder"}
+PROMETHEUS = {"app.kubernetes.io/name": "prometheus"}
+
+
+def test_default_deny_selects_every_pod() -> None:
+    deny = [
+        p["spec"]
+        for p in _objects("NetworkPolicy").values()
+        if p["spec"]["podSelector"] == {}
+        and p["spec"]["policyTypes"] == ["Ingress"]
+        and not p["spec"].get("ingress")
+    ]
+    assert len(deny) == 1, "one default-deny ingress policy for the namespace"
+    assert not _admitted(INTRUDER, {"app": "anything-added-later"}, 80)
+
+
+def test_redis_admits_only_ragline_pods() -> None:
+    redis = _pod_labels("redis")
+    for name in _objects("Deployment"):
+        assert _admitted(_pod_labels(name), redis, 6379), f"{name} cannot reach Redis"
+    assert _admitted(
+        {"app.kubernetes.io/name": "ragline", "app.kubernetes.io/component": "ingest"}, redis, 6379
+    )
+    assert not _admitted(INTRUDER, redis, 6379)
+    assert not _admitted({"app.kubernetes.io/name": "ragline"}, redis, 6379), (
+        "a label alone is not a component"
+    )
+    assert not _admitted(_pod_labels("api"), redis, 6379, namespace="elsewhere")
+    assert not _admitted(PROMETHEUS, redis, 6379, namespace="monitoring")
+    assert not _admitted(_pod_labels("api"), redis, 6380)
+
+
+@pytest.mark.parametrize("name", WORKERS)
+def test_worker_metrics_admit_ragline_pods_and_prometheus_only(name: str) -> None:
+    worker = _pod_labels(name)
+    assert _admitted(_pod_labels("api"), worker, WORKER_METRICS_PORT)
+    assert _admitted(PROMETHEUS, worker, WORKER_METRICS_PORT, namespace="monitoring")
+    assert not _admitted(PROMETHEUS, worker, WORKER_METRICS_PORT, namespace="elsewhere")
+    assert not _admitted(INTRUDER, worker, WORKER_METRICS_PORT)
+    assert not _admitted(_pod_labels("api"), worker, 8000), "workers serve nothing else"
+
+
+def test_the_api_admits_everyone_on_its_port_only() -> None:
+    api = _pod_labels("api")
+    assert _admitted(INTRUDER, api, 8000, namespace="ingress-nginx")
+    assert not _admitted(INTRUDER, api, 9100)
+
+
+def test_flower_admits_this_namespace_only() -> None:
+    flower = _pod_labels("flower")
+    assert _admitted(_pod_labels("api"), flower, 5555)
+    assert not _admitted(_pod_labels("api"), flower, 5555, namespace="elsewhere")
 
 
 # -- KEDA -----------------------------------------------------------------------------------

@@ -1,12 +1,15 @@
-"""`ragline up` on the embedded Redis: everything becomes ready, Flower asks for its password;
+"""`ragline up` on the embedded Redis, on a machine that set no secrets: it generates them once,
+everything becomes ready, Flower asks for its password and listens on loopback only;
 SIGTERM with a RAG job generating stops every process within 15 s and the job, handed back to its
 queue, is answered by the next `ragline up`; Ctrl-C stops everything too. And `ragline demo`,
 SIGTERMed while its engine starts, leaves nothing behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -31,13 +34,18 @@ STOP_WITHIN_S = 15.0
 ANSWER_TOKENS = 128  # long enough on a CPU that the job is still generating when the signal comes
 
 
+# What a fresh machine has not set: `ragline up` makes them itself.
+UNSET = ("RAGLINE_WEBHOOK_SECRET", "RAGLINE_FLOWER_PASSWORD")
+
+
 @contextmanager
 def _running(cmd: str, settings: Settings, log: Path) -> Iterator[subprocess.Popen[bytes]]:
     """`ragline <cmd>` in its own session (as a terminal or a container runtime starts it)."""
+    env = {k: v for k, v in env_for(settings).items() if k not in UNSET}
     with log.open("ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "ragline", cmd],
-            env=env_for(settings),
+            env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -142,8 +150,18 @@ def test_up_sigterm_hands_back_a_job_in_flight_and_ctrl_c_stops_all(
             except httpx.HTTPError:
                 assert time.monotonic() < deadline
                 time.sleep(0.5)
-        auth = (settings.flower_user, settings.flower_password)
+        # Generated on this first start, shown once, kept (readable by its owner only) for the next.
+        stored = json.loads((up_settings.home / "secrets.json").read_text())
+        assert stat.S_IMODE((up_settings.home / "secrets.json").stat().st_mode) == 0o600
+        assert f"RAGLINE_FLOWER_PASSWORD={stored['flower_password']}" in log.read_text()
+        auth = (settings.flower_user, stored["flower_password"])
         assert httpx.get(flower, auth=auth, timeout=5).status_code == 200
+        assert not httpx.get(flower, auth=(settings.flower_user, "ragline"), timeout=5).is_success
+        flower_proc = next(
+            p for p in psutil.Process(up.pid).children(recursive=True) if "flower" in p.cmdline()
+        )
+        listening = {c.laddr.ip for c in flower_proc.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+        assert listening == {"127.0.0.1"}, listening
 
         url = _embedded_redis_url(log)
         ingest(
@@ -176,6 +194,7 @@ def test_up_sigterm_hands_back_a_job_in_flight_and_ctrl_c_stops_all(
             time.sleep(0.5)
         assert job["status"] == "done", job
         assert job["result"]["usage"]["completion_tokens"] == ANSWER_TOKENS
+        assert log.read_text().count("first start: generated") == 1  # the stored secrets again
         r = redis.Redis.from_url(_embedded_redis_url(log))
         finals = [f[b"type"] for _id, f in r.xrange(keys.events(job_id)) if f[b"type"] in (b"done", b"error")]
         assert finals == [b"done"]

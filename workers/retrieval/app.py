@@ -46,8 +46,8 @@ def retriever() -> BatchRetriever:
     if _retriever is None:
         client = sync_client(settings)
         embedder = Embedder(settings)
-        cache = EmbeddingCache(
-            client, keys, model_id=embedder.model_id, dim=embedder.dim, ttl_s=settings.embedding_cache_ttl_s
+        cache = EmbeddingCache.for_settings(
+            client, keys, settings, model_id=embedder.model_id, dim=embedder.dim
         )
         _retriever = BatchRetriever(
             settings, embedder, cache, IndexCache(client, keys, ef_search=settings.hnsw_ef_search)

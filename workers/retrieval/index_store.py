@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -27,6 +28,8 @@ from broker.keys import Keys
 from workers.retrieval.chunking import Chunk
 
 _KEEP_VERSIONS = 2
+# What save() names a version: pruning removes only folders named so, nothing else.
+_VERSION_NAME = re.compile(r"\d{8}T\d{12}Z-[0-9a-f]{6}")
 
 
 class UnknownIndex(LookupError):
@@ -138,6 +141,7 @@ def save(
     root: Path, name: str, index: faiss.Index, chunks: list[Chunk], *, index_type: str = "hnsw"
 ) -> IndexInfo:
     """Persist a new version of ``name`` and make it CURRENT; returns its description."""
+    indexes.check_index_name(name)  # a folder of root's own, never a path out of it
     # Sortable to the microsecond: pruning keeps the newest by name.
     version = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ") + "-" + uuid.uuid4().hex[:6]
     base = root / name
@@ -164,7 +168,9 @@ def save(
 
 
 def _prune(base: Path, *, keep: str) -> None:
-    versions = sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
+    versions = sorted(
+        p for p in base.iterdir() if _VERSION_NAME.fullmatch(p.name) and p.is_dir() and not p.is_symlink()
+    )
     for old in versions[:-_KEEP_VERSIONS]:
         if old.name != keep:
             shutil.rmtree(old, ignore_errors=True)

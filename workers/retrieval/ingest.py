@@ -118,9 +118,7 @@ def ingest(
     embedder = embedder or Embedder(settings)
     client = sync_client(settings)
     keys = Keys(settings.key_prefix)
-    cache = EmbeddingCache(
-        client, keys, model_id=embedder.model_id, dim=embedder.dim, ttl_s=settings.embedding_cache_ttl_s
-    )
+    cache = EmbeddingCache.for_settings(client, keys, settings, model_id=embedder.model_id, dim=embedder.dim)
     vectors = embed_chunks(
         embedder, chunks, batch_size=settings.embed_batch_size, progress=progress, cache=cache
     )

@@ -54,3 +54,32 @@ def test_cache_follows_the_registry(tmp_path: Path, redis_url: str) -> None:
         pass
     else:
         raise AssertionError("unknown index must raise")
+
+
+def test_prune_removes_only_its_own_versions(tmp_path: Path) -> None:
+    """Whatever else sits in an index's folder (sorting before any version) outlives pruning, and
+    a link is never followed out of it."""
+    index, chunks, _ = _index()
+    base, outside = tmp_path / "indexes" / "docs", tmp_path / "outside"
+    for folder in (base / "0001-mine", outside / "0002-theirs"):
+        folder.mkdir(parents=True)
+        (folder / "keep.txt").write_text("keep")
+    (base / "0000-link").symlink_to(outside / "0002-theirs", target_is_directory=True)
+    infos = [index_store.save(tmp_path / "indexes", "docs", index, chunks) for _ in range(3)]
+    left = sorted(p.name for p in base.iterdir() if p.is_dir())
+    assert left == ["0000-link", "0001-mine", *sorted(i.version for i in infos[1:])]
+    assert (base / "0001-mine" / "keep.txt").exists() and (outside / "0002-theirs" / "keep.txt").exists()
+
+
+def test_save_refuses_a_name_that_leaves_the_root(tmp_path: Path) -> None:
+    index, chunks, _ = _index()
+    root = tmp_path / "indexes"
+    root.mkdir()
+    for name in ("..", "../x", "/abs", "a/b", "."):
+        try:
+            index_store.save(root, name, index, chunks)
+        except indexes.InvalidIndexName as exc:
+            assert repr(name) in str(exc)
+        else:
+            raise AssertionError(f"saved an index named {name!r}")
+    assert list(tmp_path.iterdir()) == [root] and list(root.iterdir()) == []
