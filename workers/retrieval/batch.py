@@ -14,6 +14,7 @@ import numpy as np
 
 from broker import metrics
 from broker.contract import (
+    Citation,
     Done,
     Error,
     GenerateTask,
@@ -144,7 +145,11 @@ class BatchRetriever:
                 degraded = dict(r.degraded) if r.degraded is not None else {}
                 events.append((r.request_id, Done(answer=None, timings=timings, **degraded)))
             elif self._early_exit(r, top[0] if top else None):
-                done = Done(answer=sources[0].text, timings=timings, early_exit=True)
+                best = sources[0]
+                cited = Citation(
+                    marker=1, chunk_id=best.chunk_id, source=best.source, title=best.title, anchor=best.anchor
+                )
+                done = Done(answer=best.text, timings=timings, early_exit=True, citations=[cited])
                 events.append((r.request_id, done))
             else:
                 task = GenerateTask(
