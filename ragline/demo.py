@@ -59,7 +59,8 @@ def run_demo(settings: Settings) -> int:
                 answer = body["answer"] if body["answer"] is not None else f"({body.get('notice')})"
                 print(textwrap.fill(f"A: {answer}", width=100, subsequent_indent="   "))
                 for s in body["sources"]:
-                    print(f"   - [{s['score']:.2f}] {Path(s['source']).stem}: {s['title']}")
+                    anchor = f"#{s['anchor']}" if s.get("anchor") else ""
+                    print(f"   - [{s['score']:.2f}] {s['title']} ({Path(s['source']).name}{anchor})")
                 print(
                     f"   timings: queue {t['queue_ms']:.0f} ms, retrieval {t['retrieval_ms']:.0f} ms, "
                     f"generation {t['generation_ms']:.0f} ms, total {t['total_ms']:.0f} ms "

@@ -182,20 +182,9 @@ def _front_matter(text: str, kind: str) -> tuple[dict[str, str], str]:
 # --- plain text -------------------------------------------------------------------------------------
 
 
-def _paragraphs(lines: list[str]) -> list[Block]:
-    blocks: list[Block] = []
-    para: list[str] = []
-    for line in [*lines, ""]:
-        if line.strip():
-            para.append(line)
-        elif para:
-            blocks.append(_prose(para))
-            para = []
-    return blocks
-
-
 def _read_txt(text: str) -> list[_Raw]:
-    return [_Raw(0, None, "", _paragraphs(text.split("\n")))]
+    # Plain text often underlines its headings as reST does (pydoc's topics, RFCs): read them so.
+    return _read_rst(text)
 
 
 # --- Markdown ---------------------------------------------------------------------------------------

@@ -335,3 +335,14 @@ def test_html_title_paths_anchors_and_pre() -> None:
         ("Simple statements › The global statement", "global"),
     ]
     assert sections[1].blocks[-1].code and sections[1].blocks[-1].text == "global x\n\nx = 1"
+
+
+def test_plain_text_underlined_headings_are_titles(tmp_path: Path) -> None:
+    # pydoc's topics, which `ragline demo` ingests, are plain text with reST-style underlines.
+    text = 'The "global" statement\n**********************\n\nThe "global" statement is a declaration.\n'
+    [section] = read_sections(_write(tmp_path, "global.txt", text))
+    assert (section.title, section.anchor, section.text) == (
+        'The "global" statement',
+        "the-global-statement",
+        'The "global" statement is a declaration.',
+    )
