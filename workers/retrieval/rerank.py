@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+import numpy as np
+
 from broker.settings import Settings
 
 
@@ -25,9 +27,13 @@ class Reranker:
         self._model = CrossEncoder(model_path, device="cpu")
 
     def score(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+        """One relevance score per (query, passage) pair, higher is better."""
         if not pairs:
             return []
-        return [float(s) for s in self._model.predict(list(pairs), batch_size=64, show_progress_bar=False)]
+        scores = np.asarray(self._model.predict(list(pairs), batch_size=64, show_progress_bar=False))
+        if scores.ndim == 2:  # a classifier head with several labels: the last is "relevant"
+            scores = scores[:, -1]
+        return [float(s) for s in scores]
 
 
 def reranker(settings: Settings) -> Reranker | None:

@@ -135,3 +135,31 @@ def test_a_version_without_a_lexical_index_gets_one_when_loaded(
         renamed.rename(legacy)
     assert rebuilt.lexical is not None and loaded.lexical is not None
     assert rebuilt.lexical.search(["zqxflush_v2"], 3) == loaded.lexical.search(["zqxflush_v2"], 3)
+
+
+def test_the_reranking_stage_reorders_the_first_candidates(
+    settings: Settings, embedder, hybrid_index: str
+) -> None:
+    """A real CrossEncoder loaded from a local folder: the packaged MiniLM with a fresh scoring
+    head (no cross-encoder's weights install from a registry), so its order means nothing, but
+    the stage's loading, its one call per batch and its reordering are the ones a trained model gets."""
+    from workers.retrieval.embedder import embedding_model_path
+    from workers.retrieval.rerank import Reranker
+
+    reranker = Reranker(embedding_model_path(settings), threads=1)
+    s = settings.model_copy(update={"reranker_candidates": 4})
+    client = redis.Redis.from_url(s.redis_url)
+    keys = Keys(s.key_prefix)
+    cache = EmbeddingCache(client, keys, model_id=embedder.model_id, dim=embedder.dim, ttl_s=60)
+    retriever = BatchRetriever(s, embedder, cache, IndexCache(client, keys, ef_search=16), reranker=reranker)
+    q = "espresso machine cleaning"
+    [plain] = _ask(_retriever(settings, embedder), {"query": q, "diversity": False, "top_k": 6})
+    [reranked] = _ask(retriever, {"query": q, "diversity": False, "top_k": 6})
+    head = plain[:4]
+    expected = sorted(
+        zip(reranker.score([(q, f"{c.title}\n{c.text}") for c in head]), head, strict=True),
+        key=lambda p: -p[0],
+    )
+    assert [c.chunk_id for c in reranked[:4]] == [c.chunk_id for _, c in expected]
+    assert [c.score for c in reranked[:4]] == pytest.approx([score for score, _ in expected], abs=1e-5)
+    assert [c.chunk_id for c in reranked[4:]] == [c.chunk_id for c in plain[4:]]
