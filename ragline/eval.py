@@ -93,7 +93,15 @@ def matches(source: Source, label: Label) -> bool:
     path = source.source.replace("\\", "/")
     if not (path == label.path or path.endswith("/" + label.path)):
         return False
-    return not label.anchor or source.anchor == label.anchor
+    if not label.anchor:
+        return True
+    if source.anchor:
+        return source.anchor == label.anchor
+    # An index ingested before sources had anchors: its titles were the section's own heading,
+    # which a section label names by its slug, or is the question itself (the FAQ set's).
+    from workers.retrieval.readers import slug
+
+    return source.title == label.question or slug(source.title) == label.anchor
 
 
 def score(labels: Sequence[Label], answers: Sequence[Answer]) -> dict[str, float]:

@@ -81,3 +81,12 @@ def test_in_process_against_a_real_index(
     assert set(figures) == {"dense", "lexical", "hybrid-nodiv"}
     assert figures["dense"]["recall@1"] == 1.0 and figures["hybrid-nodiv"]["recall@1"] == 1.0
     assert main(["eval", str(tsv), "--in-process", "--rag"]) == 2  # answers need a running API
+
+
+def test_sources_of_an_index_without_anchors_match_by_their_heading() -> None:
+    label = evaluation.Label("Why is it slow?", "faq/a.rst.txt", "faq-slow", "")
+    old = Source(chunk_id="c", source="/d/faq/a.rst.txt", title="Why is it slow?", text="x", score=1.0)
+    assert evaluation.matches(old, label)
+    section = evaluation.Label("q", "faq/a.rst.txt", "general-questions", "")
+    assert evaluation.matches(old.model_copy(update={"title": "General Questions"}), section)
+    assert not evaluation.matches(old.model_copy(update={"title": "Other"}), section)
