@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 
 log = logging.getLogger(__name__)
+# bm25s logs every index build and load at DEBUG on a logger of its own level.
+logging.getLogger("bm25s").setLevel(logging.WARNING)
 
 
 def _tokenizer() -> object:
