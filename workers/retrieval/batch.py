@@ -26,6 +26,7 @@ from broker.contract import (
     Timings,
 )
 from broker.settings import Settings
+from workers.retrieval.chunking import Chunk
 from workers.retrieval.embedder import Embedder
 from workers.retrieval.embedding_cache import EmbeddingCache
 from workers.retrieval.index_store import IndexCache, LoadedIndex, SearchKnobs, UnknownIndex
@@ -239,7 +240,7 @@ class BatchRetriever:
         )
 
 
-def _allowing(flt: MetadataFilter) -> Callable[[list], np.ndarray]:
+def _allowing(flt: MetadataFilter) -> Callable[[list[Chunk]], np.ndarray]:
     return lambda chunks: allowed_rows(chunks, flt)
 
 

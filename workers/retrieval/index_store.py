@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 
 _KEEP_VERSIONS = 2
 _FILTER_CACHE_SIZE = 256
+# A filter letting through at most this many rows is searched exactly over them (a copy of their
+# vectors per search); more, and the HNSW graph is searched with an ID selector.
+EXACT_FILTER_MAX_ROWS = 8192
 
 
 class UnknownIndex(LookupError):
@@ -106,12 +109,28 @@ class LoadedIndex:
         if k == 0:
             return [[] for _ in range(len(vectors))]
         stored = _flat_vectors(self.index)
+        if (
+            stored is not None
+            and len(allowed) > EXACT_FILTER_MAX_ROWS
+            and isinstance(self.index, faiss.IndexHNSW)
+        ):
+            # Many rows pass: the graph, told which. A search that still comes back short (the
+            # graph walk met too few rows that pass) is done again exactly.
+            selector = faiss.IDSelectorBatch(allowed)
+            ef = max(knobs.ef_search or self.index.hnsw.efSearch, 2 * k)
+            scores, ids = self.index.search(
+                vectors, k, params=faiss.SearchParametersHNSW(sel=selector, efSearch=ef)
+            )
+            rows = _rows(ids, scores)
+            short = [i for i, row in enumerate(rows) if len(row) < k]
+            if short:
+                for i, row in zip(short, _exact(vectors[short], stored, allowed, k), strict=True):
+                    rows[i] = row
+            return rows
         if stored is not None:
             # Exact over the rows that pass: a graph search restricted by a selector can stop
             # short of k results when few rows pass.
-            scores = vectors @ stored[allowed].T
-            best = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-            return _rows(allowed[best], np.take_along_axis(scores, best, axis=1))
+            return _exact(vectors, stored, allowed, k)
         # IVF: a selector, over every list, so that each row that passes can be found.
         selector = faiss.IDSelectorBatch(allowed)
         ivf = faiss.SearchParametersIVF(sel=selector, nprobe=faiss.extract_index_ivf(self.index).nlist)
@@ -135,6 +154,14 @@ class LoadedIndex:
     ) -> list[list[tuple[Chunk, float]]]:
         """Like :meth:`search_rows`, with the chunks themselves."""
         return [[(self.chunks[i], s) for i, s in row] for row in self.search_rows(vectors, top_k, knobs)]
+
+
+def _exact(
+    vectors: np.ndarray, stored: np.ndarray, allowed: np.ndarray, k: int
+) -> list[list[tuple[int, float]]]:
+    scores = vectors @ stored[allowed].T
+    best = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return _rows(allowed[best], np.take_along_axis(scores, best, axis=1))
 
 
 def _rows(ids: np.ndarray, scores: np.ndarray) -> list[list[tuple[int, float]]]:

@@ -46,10 +46,15 @@ def test_hnsw_ef_search_per_query(data: tuple[np.ndarray, list[Chunk]]) -> None:
     assert len(low[0]) == len(high[0]) == 10
 
 
-@pytest.mark.parametrize("index_type", ["hnsw", "ivfpq"])
-def test_filtered_search_is_exact_in_count(data: tuple[np.ndarray, list[Chunk]], index_type: str) -> None:
+@pytest.mark.parametrize("index_type", ["hnsw", "hnsw-selector", "ivfpq"])
+def test_filtered_search_is_exact_in_count(
+    data: tuple[np.ndarray, list[Chunk]], index_type: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """However few rows a filter lets through, a search returns min(k, rows) of them, best first."""
     x, chunks = data
+    if index_type == "hnsw-selector":  # the graph with an ID selector, as for broad filters
+        monkeypatch.setattr(index_store, "EXACT_FILTER_MAX_ROWS", 0)
+        index_type = "hnsw"
     if index_type == "hnsw":
         index = index_store.build_hnsw(x, index_store.HnswParams(16, 40, 16))
     else:
