@@ -85,11 +85,11 @@ class Settings(BaseSettings):
     # Reciprocal-rank fusion: a candidate scores sum(weight / (rrf_k + rank)) over the searches.
     rrf_k: float = 60.0
     hybrid_dense_weight: float = 1.0
-    hybrid_lexical_weight: float = 1.0
+    hybrid_lexical_weight: float = 0.5
     # Diversity (a request may turn it off): at most this many chunks of one section and of
     # one file in a top-k (0: no cap); filled up past the caps only when too few candidates remain.
     max_chunks_per_section: int = 1
-    max_chunks_per_file: int = 3
+    max_chunks_per_file: int = 2
     # A cross-encoder (a local sentence-transformers CrossEncoder folder) re-scoring the first
     # reranker_candidates fused candidates; empty: no reranking stage.
     reranker_model: str = ""
