@@ -85,7 +85,7 @@ class Settings(BaseSettings):
     # Reciprocal-rank fusion: a candidate scores sum(weight / (rrf_k + rank)) over the searches.
     rrf_k: float = 60.0
     hybrid_dense_weight: float = 1.0
-    hybrid_lexical_weight: float = 0.5
+    hybrid_lexical_weight: float = 0.7
     # Diversity (a request may turn it off): at most this many chunks of one section and of
     # one file in a top-k (0: no cap); filled up past the caps only when too few candidates remain.
     max_chunks_per_section: int = 1
