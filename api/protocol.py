@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
-from broker.contract import Done, Source, Timings, Usage
+from broker.contract import Done, MetadataFilter, Source, Timings, Usage
+
+MAX_FILTER_KEYS = 16
+MAX_FILTER_VALUES = 256
 
 __all__ = ["ErrorBody", "QueryRequest", "QueryResponse", "Source", "StreamDone", "Timings", "Usage"]
 
@@ -39,6 +42,35 @@ class QueryRequest(BaseModel):
         description="When generation cannot meet the deadline, answer with the sources only "
         "(`degraded: true`) instead of 503.",
     )
+    retrieval: Literal["dense", "lexical", "hybrid"] | None = Field(
+        default=None,
+        description="`dense` (embeddings), `lexical` (BM25) or `hybrid` (both, fused); the server's "
+        "RAGLINE_RETRIEVAL_MODE when omitted.",
+    )
+    filter: MetadataFilter | None = Field(
+        default=None,
+        description='Metadata every source must match: key -> a value, a list of values, or {"prefix": …}. '
+        "Keys: `path` (the file under what was ingested), `title`, front matter and `ingest --meta` keys.",
+    )
+    diversity: StrictBool = Field(
+        default=True,
+        description="Cap the chunks of one section and of one file in the sources "
+        "(RAGLINE_MAX_CHUNKS_PER_SECTION / _PER_FILE); false turns it off.",
+    )
+
+    @field_validator("filter")
+    @classmethod
+    def _bounded_filter(cls, value: MetadataFilter | None) -> MetadataFilter | None:
+        if value is None:
+            return None
+        if not value or len(value) > MAX_FILTER_KEYS:
+            raise ValueError(f"a filter has 1 to {MAX_FILTER_KEYS} keys")
+        for key, wanted in value.items():
+            if not key:
+                raise ValueError("filter keys are non-empty")
+            if isinstance(wanted, list) and not 1 <= len(wanted) <= MAX_FILTER_VALUES:
+                raise ValueError(f"filter {key!r}: a list has 1 to {MAX_FILTER_VALUES} values")
+        return value
 
 
 class QueryResponse(Done):

@@ -9,8 +9,10 @@ connections: the loaded runs one server at a time, the lone (1-client) runs of t
 ragline taking turns in short slices, both servers up. Also measured: the floor for any cache
 hit (one Redis GET behind the same framework), the ceiling (one process encoding and searching 64
 queries as one batch, timed beside ragline's 64-client run), and recall@10 / MRR@10 on the FAQ
-question → section labels for HNSW and IVF-PQ with refine against exact search. The last line
-printed is one JSON object with the headline ratios.
+question → section labels for HNSW and IVF-PQ with refine against exact search, and the default
+retrieval mode (hybrid) against dense-only at 64 clients: a ragline stack for each, started in
+turn, twice (``--modes-only`` runs just that). The last line printed is one JSON object with the
+headline ratios.
 """
 
 from __future__ import annotations
@@ -115,14 +117,14 @@ def forget_prefix(settings: Settings, prefix: str) -> None:
 
 
 def faq_labels(docs: Path) -> list[tuple[str, str, str]]:
-    """(question, source, section title) for every FAQ section whose title is a question."""
+    """(question, source, section anchor) for every FAQ section whose title is a question."""
     from workers.retrieval.readers import read_sections
 
     labels = []
     for path in sorted((docs / "faq").glob("*.rst.txt")):
         for section in read_sections(path):
             if section.title.endswith("?"):
-                labels.append((section.title, str(path), section.title))
+                labels.append((section.title, str(path), section.anchor))
     return labels
 
 
@@ -146,7 +148,9 @@ def load_queries(settings: Settings, *, index: str = INDEX, seed: int = 0) -> li
     titles = set()
     with open(Path(info.path) / "chunks.jsonl") as src:
         for line in src:
-            title = " ".join(_ROLE.sub(r"\1", json.loads(line)["title"]).replace("---", "-").split())
+            # A section's own heading (chunks carry the whole title path).
+            leaf = json.loads(line)["title"].split(" › ")[-1]
+            title = " ".join(_ROLE.sub(r"\1", leaf).replace("---", "-").split())
             if len(title) >= 4:
                 titles.add(title)
     queries = [q for t in sorted(titles) for q in ([t] if t.endswith("?") else [f.format(t) for f in _FORMS])]
@@ -215,8 +219,8 @@ def recall_and_ceiling(
     embedder = Embedder(settings)
     q = embedder.encode([question for question, _, _ in labels])
     relevant = [
-        {i for i, c in enumerate(hnsw.chunks) if c.source == src and c.title == title}
-        for _, src, title in labels
+        {i for i, c in enumerate(hnsw.chunks) if c.source == src and anchor in c.anchors}
+        for _, src, anchor in labels
     ]
     knobs = index_store.SearchKnobs(refine_k_factor=settings.ivf_refine_k_factor)
     ivf_loaded = index_store.LoadedIndex(replace(info, index_type="ivfpq"), ivf, hnsw.chunks)
@@ -311,15 +315,7 @@ def interleaved(
             parts[name].append(load.run(connections, max(1.0, duration / slices)))
     combined = {}
     for name, rows in parts.items():
-        requests = sum(r.requests for r in rows)
-        combined[name] = LoadResult(
-            connections=connections,
-            requests=requests,
-            rps=requests / sum(r.requests / r.rps for r in rows if r.rps),
-            p50_ms=float(np.median([r.p50_ms for r in rows])),
-            p99_ms=max(r.p99_ms for r in rows),
-            errors=sum(r.errors for r in rows),
-        )
+        combined[name] = _combined(rows, connections)
         print(f"  {name} c={connections} (interleaved): {combined[name].row()}", flush=True)
     return combined
 
@@ -336,6 +332,70 @@ def start_reference(kind: str, settings: Settings) -> Server:
     )
 
 
+def start_ragline(settings: Settings, prefix: str, **update: object) -> Server:
+    """An API and a retrieval worker on a fresh port, under ``prefix``."""
+    port = free_port()
+    env = settings_env(settings.model_copy(update={"api_port": port, "key_prefix": prefix, **update}))
+    return _start(
+        [
+            [sys.executable, "-m", "ragline", "worker", "retrieval"],
+            [sys.executable, "-m", "ragline", "api"],
+        ],
+        env,
+        f"http://127.0.0.1:{port}",
+        {"query": "warm up", "mode": "retrieval"},
+    )
+
+
+def mode_throughput(
+    settings: Settings, queries: list[str], *, duration: float, rounds: int = 2
+) -> dict[str, LoadResult]:
+    """Cold retrieval at 64 clients with the worker's default mode against dense-only. The mode
+    is the worker's (RAGLINE_RETRIEVAL_MODE), so each has a stack of its own, one up at a time
+    (they would share the retrieval queue), in turns, so both see the same stretches of a
+    shared machine's drift."""
+    parts: dict[str, list[LoadResult]] = {"dense": [], settings.retrieval_mode: []}
+    offset = 0
+    for _ in range(rounds):
+        for mode in parts:
+            prefix = fresh_prefix(settings)
+            try:
+                server = start_ragline(settings, prefix, retrieval_mode=mode)
+                try:
+                    load = Load(
+                        server.url, queries, unique=True, extra=', "mode": "retrieval"', offset=offset
+                    )
+                    load.warm_up()
+                    parts[mode].append(load.run(64, duration / rounds))
+                    offset = load.offset
+                    print(f"  {mode} c=64: {parts[mode][-1].row()}", flush=True)
+                finally:
+                    server.stop()
+            finally:
+                forget_prefix(settings, prefix)
+    return {mode: _combined(rows, 64) for mode, rows in parts.items()}
+
+
+def _combined(rows: list[LoadResult], connections: int) -> LoadResult:
+    """Slices of one load as one row: their rate over their time, the median P50, the worst P99."""
+    requests = sum(r.requests for r in rows)
+    return LoadResult(
+        connections=connections,
+        requests=requests,
+        rps=requests / sum(r.requests / r.rps for r in rows if r.rps),
+        p50_ms=float(np.median([r.p50_ms for r in rows])),
+        p99_ms=max(r.p99_ms for r in rows),
+        errors=sum(r.errors for r in rows),
+    )
+
+
+def report_modes(modes: dict[str, LoadResult], default: str) -> dict[str, float]:
+    print("\n| retrieval mode (64 clients, cold) | req/s | P50 ms | P99 ms | errors |\n|---|---|---|---|---|")
+    for mode, r in modes.items():
+        print(f"| {mode} | {r.rps:.0f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} | {r.errors} |")
+    return {f"{default}_over_dense_throughput_64": modes[default].rps / modes["dense"].rps}
+
+
 def main() -> int:
     interrupt_on_signals()  # SIGTERM (a timeout, say) unwinds like Ctrl-C: the servers are stopped
     parser = argparse.ArgumentParser(
@@ -346,6 +406,9 @@ def main() -> int:
     parser.add_argument("--home", type=Path, default=Path.home() / ".cache" / "ragline-bench")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/7")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument(
+        "--modes-only", action="store_true", help="only the default retrieval mode against dense-only"
+    )
     args = parser.parse_args()
     if not args.docs.exists():
         raise SystemExit(f"{args.docs} not found: apt-get install python3.11-doc")
@@ -364,6 +427,13 @@ def main() -> int:
     labels = faq_labels(args.docs)
     queries = load_queries(settings)
     print(f"{len(labels)} FAQ labels, {len(queries)} distinct load queries", flush=True)
+    if args.modes_only:
+        print(f"{settings.retrieval_mode} (the default) against dense-only, 64 clients", flush=True)
+        ratio = report_modes(
+            mode_throughput(settings, queries, duration=args.duration), settings.retrieval_mode
+        )
+        print(json.dumps({k: round(v, 3) for k, v in ratio.items()}))
+        return 0
 
     print("recall@10 and MRR@10 on the FAQ labels", flush=True)
     quality, ceiling = recall_and_ceiling(settings, labels, queries)
@@ -373,21 +443,11 @@ def main() -> int:
     retrieval_only = ', "mode": "retrieval"'
 
     naive_server = start_reference("naive", settings)
-    port = free_port()
     print("ragline (API + retrieval worker)", flush=True)
     # Its own key prefix: the result and embedding caches start empty (cold), whatever earlier runs left.
     prefix = fresh_prefix(settings)
-    env = settings_env(settings.model_copy(update={"api_port": port, "key_prefix": prefix}))
     try:
-        ragline = _start(
-            [
-                [sys.executable, "-m", "ragline", "worker", "retrieval"],
-                [sys.executable, "-m", "ragline", "api"],
-            ],
-            env,
-            f"http://127.0.0.1:{port}",
-            {"query": "warm up", "mode": "retrieval"},
-        )
+        ragline = start_ragline(settings, prefix)
     except BaseException:
         naive_server.stop()
         raise
@@ -429,10 +489,18 @@ def main() -> int:
     finally:
         floor_server.stop()
 
-    return report(results, quality, args.out)
+    print("the default retrieval mode against dense-only, 64 clients", flush=True)
+    modes = mode_throughput(settings, queries, duration=args.duration)
+    return report(results, quality, args.out, modes, settings.retrieval_mode)
 
 
-def report(results: dict[str, list[LoadResult]], quality: dict[str, float], out: Path) -> int:
+def report(
+    results: dict[str, list[LoadResult]],
+    quality: dict[str, float],
+    out: Path,
+    modes: dict[str, LoadResult],
+    default_mode: str,
+) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print("\n| server | clients | req/s | P50 ms | P99 ms | errors |")
     print("|---|---|---|---|---|---|")
@@ -477,6 +545,7 @@ def report(results: dict[str, list[LoadResult]], quality: dict[str, float], out:
         "warm_p50_over_floor": by["ragline_warm"][64].p50_ms / by["floor"][64].p50_ms,
         "hnsw_recall_ratio": quality["hnsw_recall_at_10"] / quality["flat_recall_at_10"],
         "hnsw_recall_at_10": quality["hnsw_recall_at_10"],
+        **report_modes(modes, default_mode),
     }
     print(json.dumps({k: round(v, 3) for k, v in headline.items()}))
     return 0

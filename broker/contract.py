@@ -42,9 +42,22 @@ class _Model(BaseModel):
 class Source(_Model):
     chunk_id: str
     source: str
-    title: str
+    title: str = Field(description="The chunk's title path: 'Simple statements › The global statement'.")
     text: str
-    score: float
+    score: float = Field(
+        description="What ranked it: cosine similarity (dense), BM25 (lexical), fused rank score (hybrid)."
+    )
+    anchor: str = Field(default="", description="The section's anchor in its file ('global').")
+
+
+class Citation(_Model):
+    """A source the answer cites as ``[marker]``: the prompt numbers its sources from 1."""
+
+    marker: int
+    chunk_id: str
+    source: str
+    title: str
+    anchor: str = ""
 
 
 SOURCES = TypeAdapter(list[Source])
@@ -101,6 +114,23 @@ class _Task(_Model):
             raise ContractError(f"{cls.__name__}: {_explain(exc)}") from None
 
 
+RetrievalMode = Literal["dense", "lexical", "hybrid"]
+RETRIEVAL_MODES: tuple[str, ...] = ("dense", "lexical", "hybrid")
+
+
+class PrefixMatch(_Model):
+    """A filter value matching every value that starts with ``prefix``."""
+
+    prefix: str
+
+
+# A metadata filter: key -> a value (equality), a list (membership) or {"prefix": …}. Keys are a
+# chunk's metadata (`path`: its file under what was ingested; `title`: its title path; front
+# matter and `ragline ingest --meta` keys); every key must match.
+FilterValue = str | list[str] | PrefixMatch
+MetadataFilter = dict[str, FilterValue]
+
+
 class RetrieveRequest(_Model):
     """One query of a ``ragline.retrieve`` batch."""
 
@@ -118,6 +148,11 @@ class RetrieveRequest(_Model):
     job_id: str | None = None
     # The API degraded it to retrieval-only; the worker copies these into its `done`.
     degraded: Degradation | None = None
+    # None: the worker's default (RAGLINE_RETRIEVAL_MODE).
+    retrieval: RetrievalMode | None = None
+    filter: MetadataFilter | None = None
+    # False: no cap on chunks per section and per file.
+    diversity: bool = True
 
 
 class RetrieveTask(_Task):
@@ -214,6 +249,9 @@ class Done(_Event):
     notice: str | None = Field(default=None, description="A human-readable note about a degraded answer.")
     cached: bool = Field(
         default=False, description="Served from the result cache (timings are the original's)."
+    )
+    citations: list[Citation] = Field(
+        default_factory=list, description="The sources the answer cites as [n], in order of first citation."
     )
 
     def done_fields(self) -> dict[str, Any]:

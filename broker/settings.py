@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -76,6 +76,28 @@ class Settings(BaseSettings):
     # faiss uses BLAS for exact distance batches of at least this many queries (its own default,
     # 128000 in faiss 1.15, keeps batched searches off BLAS).
     faiss_blas_threshold: int = 16
+
+    # -- retrieval quality (docs/retrieval.md) ----------------------------------------------
+    # Short sections (under this many words each) are chunked together, up to chunk_words.
+    chunk_min_words: int = 30
+    # What a request that names none gets: "dense" (FAISS), "lexical" (BM25) or "hybrid" (both,
+    # fused by reciprocal rank).
+    retrieval_mode: Literal["dense", "lexical", "hybrid"] = "hybrid"
+    # Candidates each search returns before fusion, reranking and the diversity caps (at least
+    # twice the request's top_k).
+    retrieval_candidates: int = 50
+    # Reciprocal-rank fusion: a candidate scores sum(weight / (rrf_k + rank)) over the searches.
+    rrf_k: float = 60.0
+    hybrid_dense_weight: float = 1.0
+    hybrid_lexical_weight: float = 0.7
+    # Diversity (a request may turn it off): at most this many chunks of one section and of
+    # one file in a top-k (0: no cap); filled up past the caps only when too few candidates remain.
+    max_chunks_per_section: int = 1
+    max_chunks_per_file: int = 2
+    # A cross-encoder (a local sentence-transformers CrossEncoder folder) re-scoring the first
+    # reranker_candidates fused candidates; empty: no reranking stage.
+    reranker_model: str = ""
+    reranker_candidates: int = 20
 
     # -- retrieval under load -------------------------------------------------------------
     # The API gathers concurrent queries for up to this window (or until the batch is full) and

@@ -65,7 +65,8 @@ def print_answer(question: str, answer: QueryResponse, *, client_ms: float) -> N
     text = answer.answer if answer.answer is not None else f"({answer.notice})"
     print(textwrap.fill(f"A: {text}", width=100, subsequent_indent="   "))
     for s in answer.sources:
-        print(f"   - [{s.score:.2f}] {Path(s.source).stem}: {s.title}")
+        anchor = f"#{s.anchor}" if s.anchor else ""
+        print(f"   - [{s.score:.2f}] {s.title} ({Path(s.source).name}{anchor})")
     print(
         f"   timings: queue {t.queue_ms:.0f} ms, retrieval {t.retrieval_ms:.0f} ms, "
         f"generation {t.generation_ms:.0f} ms, total {t.total_ms:.0f} ms (client {client_ms:.0f} ms)"

@@ -13,6 +13,7 @@ from api.protocol import QueryResponse, StreamDone
 from broker import jobs
 from broker.contract import (
     Cancelled,
+    Citation,
     ContractError,
     Degradation,
     Done,
@@ -52,6 +53,7 @@ DONE = Done(
     degraded_reason="generation_busy",
     notice="sources only",
     cached=True,
+    citations=[Citation(marker=1, chunk_id="cafe.md#0", source="/docs/cafe.md", title="Café Lumière")],
 )
 
 

@@ -28,7 +28,7 @@ from workers import heartbeat, metrics_server
 from workers.generation.engine import EngineHost, EngineUnavailable, GenerationTimeout
 from workers.generation.hf_engine import TransformersEngine
 from workers.generation.model_prep import generation_model_path
-from workers.generation.prompt import build_rag_prompt
+from workers.generation.prompt import build_rag_prompt, citations
 
 log = logging.getLogger(__name__)
 settings = get_settings()
@@ -164,11 +164,13 @@ def generate(self: Task, **kwargs: Any) -> None:
             "first_token_ms": first_token_ms or generation_ms,
         }
     )
+    answer = "".join(pieces).strip()
     done = Done(
-        answer="".join(pieces).strip(),
+        answer=answer,
         usage=Usage(prompt_tokens=prompt.prompt_tokens, completion_tokens=completion_tokens),
         sources_dropped=prompt.sources_dropped,
         timings=timings,
+        citations=citations(answer, prompt.numbered),
     )
     writer.emit(
         done,

@@ -5,21 +5,28 @@ system prefix alone, shorter than a block, is recomputed every time; what is reu
 set of sources, which is why they are rendered in a stable order before the question. Prefill
 time grows with the prompt, so the sources get a token budget of their own
 (``max_source_tokens``): past it the lowest-scored are dropped, and the answer reports how many.
+
+The sources are numbered from 1 in the order they are rendered, the model is asked to cite them
+as ``[n]``, and :func:`citations` maps the markers of an answer back to its sources.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from broker.contract import Source
+from broker.contract import Citation, Source
 from broker.settings import Settings
 
 SYSTEM_PROMPT = (
-    "You are a precise assistant. Answer the question using only the numbered context passages. "
+    "You are a precise assistant. Answer the question using only the numbered context passages, "
+    "and cite the passages you use by their number in square brackets, like [1]. "
     "Answer in one or two sentences. If the passages do not contain the answer, say that you do not know."
 )
+# "[2]", and each number of "[1, 3]" or "[1][3]".
+_MARKERS = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,12 +35,18 @@ class BuiltPrompt:
     prompt_tokens: int
     sources_used: int
     sources_dropped: int
+    # The sources as numbered in the prompt: [1] is numbered[0].
+    numbered: tuple[Source, ...] = ()
+
+
+def _ordered(sources: Sequence[Source]) -> list[Source]:
+    # Best source first (a small model leans on what it reads first); ties by chunk id, so the
+    # same sources always give the same tokens after the fixed system prefix (prefix cache).
+    return sorted(sources, key=lambda s: (-s.score, s.chunk_id))
 
 
 def _render(tokenizer: Any, query: str, sources: Sequence[Source]) -> str:
-    # Best source first (a small model leans on what it reads first); ties by chunk id, so the
-    # same sources always give the same tokens after the fixed system prefix (prefix cache).
-    ordered = sorted(sources, key=lambda s: (-s.score, s.chunk_id))
+    ordered = _ordered(sources)
     context = "\n\n".join(f"[{n}] {s.title}\n{s.text}" for n, s in enumerate(ordered, start=1))
     messages = [
         {"role": "system", "content": SYSTEM_PROMPT},
@@ -71,8 +84,29 @@ def build_prompt(
             break
         kept = kept[:-1]
     return BuiltPrompt(
-        text=text, prompt_tokens=n_tokens, sources_used=len(kept), sources_dropped=len(sources) - len(kept)
+        text=text,
+        prompt_tokens=n_tokens,
+        sources_used=len(kept),
+        sources_dropped=len(sources) - len(kept),
+        numbered=tuple(_ordered(kept)),
     )
+
+
+def citations(answer: str, numbered: Sequence[Source]) -> list[Citation]:
+    """The sources an answer cites as ``[n]``, in order of first citation; a number that names
+    no source of the prompt is ignored."""
+    cited: list[Citation] = []
+    seen: set[int] = set()
+    for group in _MARKERS.findall(answer):
+        for marker in (int(n) for n in group.split(",")):
+            if marker in seen or not 1 <= marker <= len(numbered):
+                continue
+            seen.add(marker)
+            s = numbered[marker - 1]
+            cited.append(
+                Citation(marker=marker, chunk_id=s.chunk_id, source=s.source, title=s.title, anchor=s.anchor)
+            )
+    return cited
 
 
 def build_rag_prompt(

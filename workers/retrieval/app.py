@@ -30,6 +30,7 @@ from workers.retrieval.batch import BatchRetriever, Retrieved
 from workers.retrieval.embedder import Embedder
 from workers.retrieval.embedding_cache import EmbeddingCache
 from workers.retrieval.index_store import IndexCache
+from workers.retrieval.rerank import reranker
 
 log = logging.getLogger(__name__)
 settings = get_settings()
@@ -50,7 +51,11 @@ def retriever() -> BatchRetriever:
             client, keys, settings, model_id=embedder.model_id, dim=embedder.dim
         )
         _retriever = BatchRetriever(
-            settings, embedder, cache, IndexCache(client, keys, ef_search=settings.hnsw_ef_search)
+            settings,
+            embedder,
+            cache,
+            IndexCache(client, keys, ef_search=settings.hnsw_ef_search),
+            reranker=reranker(settings),
         )
     return _retriever
 

@@ -1,4 +1,5 @@
-"""One retrieval batch: one embedding call and one FAISS search per index for many queries."""
+"""One retrieval batch: one embedding call, and per index one FAISS search and one BM25 search,
+for many queries; then per query fusion, the optional reranker, and the diversity caps."""
 
 from __future__ import annotations
 
@@ -9,13 +10,29 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import faiss
+import numpy as np
 
 from broker import metrics
-from broker.contract import Done, Error, GenerateTask, RetrieveRequest, Source, Sources, StreamEvent, Timings
+from broker.contract import (
+    Citation,
+    Done,
+    Error,
+    GenerateTask,
+    MetadataFilter,
+    RetrieveRequest,
+    Source,
+    Sources,
+    StreamEvent,
+    Timings,
+)
 from broker.settings import Settings
+from workers.retrieval.chunking import Chunk
 from workers.retrieval.embedder import Embedder
 from workers.retrieval.embedding_cache import EmbeddingCache
-from workers.retrieval.index_store import IndexCache, SearchKnobs, UnknownIndex
+from workers.retrieval.index_store import IndexCache, LoadedIndex, SearchKnobs, UnknownIndex
+from workers.retrieval.lexical import LexicalIndex
+from workers.retrieval.rerank import Reranker
+from workers.retrieval.search import Candidate, allowed_rows, diversify, filter_key, fuse
 
 log = logging.getLogger(__name__)
 
@@ -30,19 +47,35 @@ class Retrieved:
     write_cache: Callable[[], None]
 
 
+@dataclass(slots=True)
+class _Ranked:
+    request: RetrieveRequest
+    index: LoadedIndex
+    candidates: list[Candidate]
+
+
 class BatchRetriever:
     def __init__(
-        self, settings: Settings, embedder: Embedder, cache: EmbeddingCache, indexes: IndexCache
+        self,
+        settings: Settings,
+        embedder: Embedder,
+        cache: EmbeddingCache,
+        indexes: IndexCache,
+        reranker: Reranker | None = None,
     ) -> None:
         self._settings = settings
         self._embedder = embedder
         self._cache = cache
         self.indexes = indexes
+        self._reranker = reranker
         faiss.cvar.distance_compute_blas_threshold = settings.faiss_blas_threshold
 
     def embed_warm_up(self) -> None:
         """The first encode pays for lazy initialisation; pay it before taking work."""
         self._embedder.encode(["warm up"])
+
+    def mode(self, request: RetrieveRequest) -> str:
+        return request.retrieval or self._settings.retrieval_mode
 
     def _knobs(self, request: RetrieveRequest) -> SearchKnobs:
         return SearchKnobs(
@@ -51,66 +84,179 @@ class BatchRetriever:
             refine_k_factor=self._settings.ivf_refine_k_factor,
         )
 
-    def _early_exit(self, request: RetrieveRequest, sources: list[Source]) -> bool:
-        """Answer with the best source, skipping generation, when it clears the threshold and the
-        request allows it (off unless RAGLINE_EARLY_EXIT_SCORE is set)."""
+    def _early_exit(self, request: RetrieveRequest, best: Candidate | None) -> bool:
+        """Answer with the best source, skipping generation, when its cosine similarity clears the
+        threshold and the request allows it (off unless RAGLINE_EARLY_EXIT_SCORE is set)."""
         threshold = self._settings.early_exit_score
-        return bool(threshold > 0 and sources and request.allow_early_exit and sources[0].score >= threshold)
+        return bool(
+            threshold > 0
+            and best is not None
+            and best.dense is not None
+            and request.allow_early_exit
+            and best.dense >= threshold
+        )
+
+    def _depth(self, top_k: int) -> int:
+        return max(self._settings.retrieval_candidates, 2 * top_k)
 
     def run(self, requests: list[RetrieveRequest], *, picked_at: float) -> Retrieved:
-        events: list[tuple[str, StreamEvent]] = []
-        to_generate: list[GenerateTask] = []
         metrics.COALESCED_BATCH.observe(len(requests))
         for r in requests:
             metrics.QUEUE_WAIT_SECONDS.labels("retrieval").observe(max(0.0, picked_at - r.enqueued_at))
 
         started = time.perf_counter()
-        texts = sorted({r.query for r in requests})
+        texts = sorted({r.query for r in requests if self.mode(r) != "lexical"})
         vectors, write_cache = self._cache.encode_deferred(texts, self._embedder.encode)
         row_of = {t: i for i, t in enumerate(texts)}
         embed_s = time.perf_counter() - started
         metrics.EMBED_SECONDS.observe(embed_s)
 
-        groups: dict[tuple[str, str | None, SearchKnobs], list[RetrieveRequest]] = defaultdict(list)
+        events: list[tuple[str, StreamEvent]] = []
+        ranked: list[_Ranked] = []
+        search_started = time.perf_counter()
+        groups: dict[tuple[str, str | None, SearchKnobs, str], list[RetrieveRequest]] = defaultdict(list)
         for r in requests:
-            groups[(r.index, r.index_version, self._knobs(r))].append(r)
-        for (index_name, version, knobs), group in groups.items():
+            groups[(r.index, r.index_version, self._knobs(r), filter_key(r.filter))].append(r)
+        for (index_name, version, knobs, _), group in groups.items():
             try:
                 loaded = self.indexes.get(index_name, version=version)
             except UnknownIndex:
                 unknown = Error(status=404, message=f"unknown index {index_name!r}")
                 events += [(r.request_id, unknown) for r in group]
                 continue
-            search_started = time.perf_counter()
-            rows = vectors[[row_of[r.query] for r in group]]
-            hits = loaded.search(rows, max(r.top_k for r in group), knobs)
-            search_s = time.perf_counter() - search_started
-            metrics.SEARCH_SECONDS.observe(search_s)
-            for r, found in zip(group, hits, strict=True):
-                sources = [
-                    Source(chunk_id=c.chunk_id, source=c.source, title=c.title, text=c.text, score=score)
-                    for c, score in found[: r.top_k]
-                ]
-                timings = Timings(
-                    queue_ms=max(0.0, (picked_at - r.enqueued_at) * 1000),
-                    retrieval_ms=(embed_s + search_s) * 1000,
+            found = self._search_group(loaded, group, vectors, row_of, knobs)
+            ranked += [_Ranked(r, loaded, candidates) for r, candidates in zip(group, found, strict=True)]
+        search_s = time.perf_counter() - search_started
+        metrics.SEARCH_SECONDS.observe(search_s)
+        if self._reranker is not None and ranked:
+            self._rerank(ranked)
+        retrieval_ms = (time.perf_counter() - started) * 1000
+
+        to_generate: list[GenerateTask] = []
+        for item in ranked:
+            r, loaded = item.request, item.index
+            top = self._top(item)
+            sources = [_source(loaded, c) for c in top]
+            timings = Timings(
+                queue_ms=max(0.0, (picked_at - r.enqueued_at) * 1000), retrieval_ms=retrieval_ms
+            )
+            events.append((r.request_id, Sources(sources=sources, index_version=loaded.info.version)))
+            if r.mode == "retrieval":
+                # A request the API degraded to retrieval-only says so in its `done` event.
+                degraded = dict(r.degraded) if r.degraded is not None else {}
+                events.append((r.request_id, Done(answer=None, timings=timings, **degraded)))
+            elif self._early_exit(r, top[0] if top else None):
+                best = sources[0]
+                cited = Citation(
+                    marker=1, chunk_id=best.chunk_id, source=best.source, title=best.title, anchor=best.anchor
                 )
-                events.append((r.request_id, Sources(sources=sources, index_version=loaded.info.version)))
-                if r.mode == "retrieval":
-                    # A request the API degraded to retrieval-only says so in its `done` event.
-                    degraded = dict(r.degraded) if r.degraded is not None else {}
-                    events.append((r.request_id, Done(answer=None, timings=timings, **degraded)))
-                elif self._early_exit(r, sources):
-                    done = Done(answer=sources[0].text, timings=timings, early_exit=True)
-                    events.append((r.request_id, done))
-                else:
-                    task = GenerateTask(
-                        request_id=r.request_id,
-                        query=r.query,
-                        sources=sources,
-                        timings=timings,
-                        enqueued_at=time.time(),  # set again when it is sent
-                        job_id=r.job_id,
-                    )
-                    to_generate.append(task)
+                done = Done(answer=best.text, timings=timings, early_exit=True, citations=[cited])
+                events.append((r.request_id, done))
+            else:
+                task = GenerateTask(
+                    request_id=r.request_id,
+                    query=r.query,
+                    sources=sources,
+                    timings=timings,
+                    enqueued_at=time.time(),  # set again when it is sent
+                    job_id=r.job_id,
+                )
+                to_generate.append(task)
         return Retrieved(events, to_generate, write_cache)
+
+    def _search_group(
+        self,
+        loaded: LoadedIndex,
+        group: list[RetrieveRequest],
+        vectors: np.ndarray,
+        row_of: dict[str, int],
+        knobs: SearchKnobs,
+    ) -> list[list[Candidate]]:
+        """One dense search for the group's dense and hybrid queries, one lexical search for its
+        lexical and hybrid ones, each as deep as the deepest request needs."""
+        flt = group[0].filter
+        allowed = loaded.allowed(filter_key(flt), _allowing(flt)) if flt else None
+        depth = self._depth(max(r.top_k for r in group))
+        dense_reqs = [r for r in group if self.mode(r) != "lexical"]
+        lexical_reqs = [r for r in group if self.mode(r) != "dense"]
+        dense: dict[str, list[tuple[int, float]]] = {}
+        lexical: dict[str, list[tuple[int, float]]] = {}
+        if dense_reqs:
+            queries = sorted({r.query for r in dense_reqs})
+            rows = vectors[[row_of[q] for q in queries]]
+            dense = dict(zip(queries, loaded.search_rows(rows, depth, knobs, allowed=allowed), strict=True))
+        if lexical_reqs:
+            queries = sorted({r.query for r in lexical_reqs})
+            index = _lexical(loaded)
+            lexical = dict(zip(queries, index.search(queries, depth, allowed=allowed), strict=True))
+        s = self._settings
+        out = []
+        for r in group:
+            mode = self.mode(r)
+            if mode == "dense":
+                out.append([Candidate(row, score, score) for row, score in dense[r.query]])
+            elif mode == "lexical":
+                out.append([Candidate(row, score) for row, score in lexical[r.query]])
+            else:
+                out.append(
+                    fuse(
+                        dense[r.query],
+                        lexical[r.query],
+                        rrf_k=s.rrf_k,
+                        dense_weight=s.hybrid_dense_weight,
+                        lexical_weight=s.hybrid_lexical_weight,
+                    )
+                )
+        return out
+
+    def _rerank(self, ranked: list[_Ranked]) -> None:
+        """One cross-encoder call for the whole batch: each query's first candidates re-scored
+        and re-ordered, the rest left after them in their order."""
+        assert self._reranker is not None
+        depth = self._settings.reranker_candidates
+        pairs = [
+            (item.request.query, item.index.chunks[c.row].embed_text)
+            for item in ranked
+            for c in item.candidates[:depth]
+        ]
+        started = time.perf_counter()
+        scores = iter(self._reranker.score(pairs))
+        log.debug("reranked %d pairs in %.1f ms", len(pairs), (time.perf_counter() - started) * 1000)
+        for item in ranked:
+            head = [Candidate(c.row, float(next(scores)), c.dense) for c in item.candidates[:depth]]
+            head.sort(key=lambda c: -c.score)
+            item.candidates = head + item.candidates[depth:]
+
+    def _top(self, item: _Ranked) -> list[Candidate]:
+        s, r = self._settings, item.request
+        if not r.diversity:
+            return item.candidates[: r.top_k]
+        return diversify(
+            item.candidates,
+            item.index.chunks,
+            r.top_k,
+            per_section=s.max_chunks_per_section,
+            per_file=s.max_chunks_per_file,
+        )
+
+
+def _allowing(flt: MetadataFilter) -> Callable[[list[Chunk]], np.ndarray]:
+    return lambda chunks: allowed_rows(chunks, flt)
+
+
+def _lexical(loaded: LoadedIndex) -> LexicalIndex:
+    if loaded.lexical is None:  # an index loaded without one (tests, tools): build it once
+        loaded.lexical = LexicalIndex.build([c.embed_text for c in loaded.chunks])
+    return loaded.lexical
+
+
+def _source(loaded: LoadedIndex, candidate: Candidate) -> Source:
+    c = loaded.chunks[candidate.row]
+    return Source(
+        chunk_id=c.chunk_id,
+        source=c.source,
+        title=c.title,
+        text=c.text,
+        score=candidate.score,
+        anchor=c.anchor,
+    )

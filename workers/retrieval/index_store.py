@@ -1,20 +1,24 @@
 """FAISS indexes on disk: versioned folders written aside and renamed into place.
 
-Layout: ``<home>/indexes/<name>/<version>/{index.faiss, chunks.jsonl, meta.json}`` and
-``<name>/CURRENT`` naming the live version. Readers load whole files, so an older version can
-be removed once a newer one is current; the previous one is kept for a quick rollback.
+Layout: ``<home>/indexes/<name>/<version>/{index.faiss, lexical/, chunks.jsonl, meta.json}``
+and ``<name>/CURRENT`` naming the live version. The dense (FAISS) and lexical (BM25) indexes of
+a version are written together, so they are swapped together. Readers load whole files, so an
+older version can be removed once a newer one is current; the previous one is kept for a quick
+rollback. A version written before lexical indexes existed gets one built when it is loaded.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -26,10 +30,17 @@ from broker import indexes
 from broker.indexes import IndexInfo
 from broker.keys import Keys
 from workers.retrieval.chunking import Chunk
+from workers.retrieval.lexical import LexicalIndex
+
+log = logging.getLogger(__name__)
 
 _KEEP_VERSIONS = 2
 # What save() names a version: pruning removes only folders named so, nothing else.
 _VERSION_NAME = re.compile(r"\d{8}T\d{12}Z-[0-9a-f]{6}")
+_FILTER_CACHE_SIZE = 256
+# A filter letting through at most this many rows is searched exactly over them (a copy of their
+# vectors per search); more, and the HNSW graph is searched with an ID selector.
+EXACT_FILTER_MAX_ROWS = 8192
 
 
 class UnknownIndex(LookupError):
@@ -64,6 +75,8 @@ class LoadedIndex:
     info: IndexInfo
     index: faiss.Index
     chunks: list[Chunk]
+    lexical: LexicalIndex | None = None
+    _allowed: dict[str, np.ndarray] = field(default_factory=dict)
 
     def _params(self, knobs: SearchKnobs) -> faiss.SearchParameters | None:
         if self.info.index_type == "hnsw" and knobs.ef_search:
@@ -73,19 +86,100 @@ class LoadedIndex:
             return faiss.IndexRefineSearchParameters(k_factor=knobs.refine_k_factor, base_index_params=base)
         return None
 
-    def search(
-        self, vectors: np.ndarray, top_k: int, knobs: SearchKnobs = SearchKnobs()
-    ) -> list[list[tuple[Chunk, float]]]:
-        """One faiss call for the whole batch of query vectors."""
+    def search_rows(
+        self,
+        vectors: np.ndarray,
+        top_k: int,
+        knobs: SearchKnobs = SearchKnobs(),
+        *,
+        allowed: np.ndarray | None = None,
+    ) -> list[list[tuple[int, float]]]:
+        """One faiss call for the whole batch of query vectors: each one's (row, cosine) best
+        first; with ``allowed`` (row ids) only those rows, and as many as asked when they exist."""
+        if allowed is not None:
+            return self._search_allowed(vectors, top_k, knobs, allowed)
         k = min(top_k, len(self.chunks))
         params = self._params(knobs)
         scores, ids = (
             self.index.search(vectors, k, params=params) if params else self.index.search(vectors, k)
         )
-        return [
-            [(self.chunks[i], float(s)) for i, s in zip(row_ids, row_scores, strict=True) if i >= 0]
-            for row_ids, row_scores in zip(ids, scores, strict=True)
-        ]
+        return _rows(ids, scores)
+
+    def _search_allowed(
+        self, vectors: np.ndarray, top_k: int, knobs: SearchKnobs, allowed: np.ndarray
+    ) -> list[list[tuple[int, float]]]:
+        k = min(top_k, len(allowed))
+        if k == 0:
+            return [[] for _ in range(len(vectors))]
+        stored = _flat_vectors(self.index)
+        if (
+            stored is not None
+            and len(allowed) > EXACT_FILTER_MAX_ROWS
+            and isinstance(self.index, faiss.IndexHNSW)
+        ):
+            # Many rows pass: the graph, told which. A search that still comes back short (the
+            # graph walk met too few rows that pass) is done again exactly.
+            selector = faiss.IDSelectorBatch(allowed)
+            ef = max(knobs.ef_search or self.index.hnsw.efSearch, 2 * k)
+            scores, ids = self.index.search(
+                vectors, k, params=faiss.SearchParametersHNSW(sel=selector, efSearch=ef)
+            )
+            rows = _rows(ids, scores)
+            short = [i for i, row in enumerate(rows) if len(row) < k]
+            if short:
+                for i, row in zip(short, _exact(vectors[short], stored, allowed, k), strict=True):
+                    rows[i] = row
+            return rows
+        if stored is not None:
+            # Exact over the rows that pass: a graph search restricted by a selector can stop
+            # short of k results when few rows pass.
+            return _exact(vectors, stored, allowed, k)
+        # IVF: a selector, over every list, so that each row that passes can be found.
+        selector = faiss.IDSelectorBatch(allowed)
+        ivf = faiss.SearchParametersIVF(sel=selector, nprobe=faiss.extract_index_ivf(self.index).nlist)
+        params = faiss.IndexRefineSearchParameters(k_factor=knobs.refine_k_factor, base_index_params=ivf)
+        params.sel = selector
+        scores, ids = self.index.search(vectors, k, params=params)
+        return _rows(ids, scores)
+
+    def allowed(self, key: str, build: Callable[[list[Chunk]], np.ndarray]) -> np.ndarray:
+        """The rows a filter lets through, computed once per filter (``key``) and version."""
+        rows = self._allowed.get(key)
+        if rows is None:
+            rows = build(self.chunks)
+            if len(self._allowed) >= _FILTER_CACHE_SIZE:
+                self._allowed.pop(next(iter(self._allowed)))
+            self._allowed[key] = rows
+        return rows
+
+    def search(
+        self, vectors: np.ndarray, top_k: int, knobs: SearchKnobs = SearchKnobs()
+    ) -> list[list[tuple[Chunk, float]]]:
+        """Like :meth:`search_rows`, with the chunks themselves."""
+        return [[(self.chunks[i], s) for i, s in row] for row in self.search_rows(vectors, top_k, knobs)]
+
+
+def _exact(
+    vectors: np.ndarray, stored: np.ndarray, allowed: np.ndarray, k: int
+) -> list[list[tuple[int, float]]]:
+    scores = vectors @ stored[allowed].T
+    best = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return _rows(allowed[best], np.take_along_axis(scores, best, axis=1))
+
+
+def _rows(ids: np.ndarray, scores: np.ndarray) -> list[list[tuple[int, float]]]:
+    return [
+        [(int(i), float(s)) for i, s in zip(row_ids, row_scores, strict=True) if i >= 0]
+        for row_ids, row_scores in zip(ids, scores, strict=True)
+    ]
+
+
+def _flat_vectors(index: faiss.Index) -> np.ndarray | None:
+    """The vectors an HNSW-flat or flat index stores, as a view (no copy), else None."""
+    storage = faiss.downcast_index(index.storage) if isinstance(index, faiss.IndexHNSW) else index
+    if not isinstance(storage, faiss.IndexFlat):
+        return None
+    return faiss.rev_swig_ptr(storage.get_xb(), storage.ntotal * storage.d).reshape(storage.ntotal, storage.d)
 
 
 def build_hnsw(vectors: np.ndarray, params: HnswParams) -> faiss.Index:
@@ -138,7 +232,13 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def save(
-    root: Path, name: str, index: faiss.Index, chunks: list[Chunk], *, index_type: str = "hnsw"
+    root: Path,
+    name: str,
+    index: faiss.Index,
+    chunks: list[Chunk],
+    *,
+    index_type: str = "hnsw",
+    lexical: LexicalIndex | None = None,
 ) -> IndexInfo:
     """Persist a new version of ``name`` and make it CURRENT; returns its description."""
     indexes.check_index_name(name)  # a folder of root's own, never a path out of it
@@ -149,6 +249,8 @@ def save(
     staging = base / f".tmp-{version}"
     staging.mkdir()
     faiss.write_index(index, str(staging / "index.faiss"))
+    if lexical is not None:
+        lexical.save(staging / "lexical")
     with (staging / "chunks.jsonl").open("w") as out:
         for chunk in chunks:
             out.write(json.dumps(asdict(chunk)) + "\n")
@@ -192,8 +294,19 @@ def load(info: IndexInfo, *, ef_search: int) -> LoadedIndex:
     if isinstance(index, faiss.IndexHNSW):
         index.hnsw.efSearch = ef_search
     with (path / "chunks.jsonl").open() as src:
-        chunks = [Chunk(**json.loads(line)) for line in src]
-    return LoadedIndex(info=info, index=index, chunks=chunks)
+        chunks = [_chunk(json.loads(line)) for line in src]
+    if (path / "lexical").is_dir():
+        lexical = LexicalIndex.load(path / "lexical", len(chunks))
+    else:
+        log.info("index %s version %s has no lexical index: building one", info.name, info.version)
+        lexical = LexicalIndex.build([c.embed_text for c in chunks])
+    return LoadedIndex(info=info, index=index, chunks=chunks, lexical=lexical)
+
+
+def _chunk(row: dict[str, object]) -> Chunk:
+    # Versions written before section-aware chunking have neither anchors nor metadata.
+    anchors = row.pop("anchors", ())
+    return Chunk(**row, anchors=tuple(anchors))  # type: ignore[arg-type]
 
 
 class IndexCache:

@@ -1,11 +1,13 @@
-"""Ingestion: files -> sections -> chunks -> embeddings -> a new version of a FAISS index."""
+"""Ingestion: files -> sections -> chunks -> embeddings -> a new version of a FAISS index and
+its lexical (BM25) index, saved and swapped together."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -22,7 +24,8 @@ from workers.retrieval import index_store
 from workers.retrieval.chunking import Chunk, chunk_sections
 from workers.retrieval.embedder import Embedder
 from workers.retrieval.embedding_cache import EmbeddingCache
-from workers.retrieval.readers import is_supported, read_sections
+from workers.retrieval.lexical import LexicalIndex
+from workers.retrieval.readers import is_supported, read_document
 
 log = logging.getLogger(__name__)
 
@@ -33,40 +36,83 @@ class IngestReport:
     files: int
     bytes_per_vector: float
     estimates: dict[str, int]
+    # The whole ingest, and the part of it spent in the encoder itself (cache misses only).
+    seconds: float = 0.0
+    encode_seconds: float = 0.0
+    encoded: int = 0
 
 
-def iter_files(paths: Iterable[Path]) -> Iterator[Path]:
+def iter_files(paths: Iterable[Path]) -> Iterator[tuple[Path, str]]:
+    """Each readable file with its path under what was named (a file named alone: its name)."""
     for path in paths:
         if path.is_dir():
-            yield from sorted(p for p in path.rglob("*") if p.is_file() and is_supported(p))
+            for p in sorted(p for p in path.rglob("*") if p.is_file() and is_supported(p)):
+                yield p, p.relative_to(path).as_posix()
         elif path.is_file() and is_supported(path):
-            yield path
+            yield path, path.name
         elif not path.exists():
             raise FileNotFoundError(path)
 
 
-def collect_chunks(paths: Iterable[Path], *, chunk_words: int, overlap_words: int) -> tuple[list[Chunk], int]:
+def collect_chunks(
+    paths: Iterable[Path],
+    *,
+    chunk_words: int,
+    overlap_words: int,
+    min_words: int = 0,
+    meta: Mapping[str, str] | None = None,
+) -> tuple[list[Chunk], int]:
+    """Every file's chunks, each with its metadata: ``path``, the file's front matter, ``meta``."""
     chunks: list[Chunk] = []
     files = 0
-    for file in iter_files(paths):
+    for file, relative in iter_files(paths):
         files += 1
+        document = read_document(file)
         chunks.extend(
             chunk_sections(
-                read_sections(file), source=str(file), chunk_words=chunk_words, overlap_words=overlap_words
+                document.sections,
+                source=str(file),
+                chunk_words=chunk_words,
+                overlap_words=overlap_words,
+                min_words=min_words,
+                meta={**document.meta, **(meta or {}), "path": relative},
             )
         )
     return chunks, files
 
 
+class _TimedEncoder:
+    """The embedder's encode, timed: what the raw encoder takes of an ingest."""
+
+    def __init__(self, embedder: Embedder) -> None:
+        self._embedder = embedder
+        self.seconds = 0.0
+        self.count = 0
+
+    def __call__(self, texts: Sequence[str]) -> np.ndarray:
+        started = time.perf_counter()
+        vectors = self._embedder.encode(texts)
+        self.seconds += time.perf_counter() - started
+        self.count += len(texts)
+        return vectors
+
+
 def embed_chunks(
-    embedder: Embedder, chunks: list[Chunk], *, batch_size: int, progress: bool, cache: EmbeddingCache | None
+    embedder: Embedder,
+    chunks: list[Chunk],
+    *,
+    batch_size: int,
+    progress: bool,
+    cache: EmbeddingCache | None,
+    encode: _TimedEncoder | None = None,
 ) -> np.ndarray:
-    """Embed title + text in batches, through the embedding cache, with a progress bar on stderr."""
+    """Embed title path + text in batches, through the embedding cache, with a progress bar on stderr."""
+    encode = encode or _TimedEncoder(embedder)
     vectors = np.empty((len(chunks), embedder.dim), dtype=np.float32)
     with tqdm(total=len(chunks), desc="embedding", unit="chunk", disable=not progress) as bar:
         for start in range(0, len(chunks), batch_size):
-            texts = [f"{c.title}\n{c.text}" for c in chunks[start : start + batch_size]]
-            block = cache.encode(texts, embedder.encode) if cache else embedder.encode(texts)
+            texts = [c.embed_text for c in chunks[start : start + batch_size]]
+            block = cache.encode(texts, encode) if cache else encode(texts)
             vectors[start : start + len(texts)] = block
             bar.update(len(texts))
     return vectors
@@ -109,9 +155,15 @@ def ingest(
     index_type: str = "hnsw",
     embedder: Embedder | None = None,
     progress: bool = True,
+    meta: Mapping[str, str] | None = None,
 ) -> IngestReport:
+    started = time.perf_counter()
     chunks, files = collect_chunks(
-        paths, chunk_words=settings.chunk_words, overlap_words=settings.chunk_overlap_words
+        paths,
+        chunk_words=settings.chunk_words,
+        overlap_words=settings.chunk_overlap_words,
+        min_words=settings.chunk_min_words,
+        meta=meta,
     )
     if not chunks:
         raise ValueError("no readable text found in " + ", ".join(map(str, paths)))
@@ -119,11 +171,15 @@ def ingest(
     client = sync_client(settings)
     keys = Keys(settings.key_prefix)
     cache = EmbeddingCache.for_settings(client, keys, settings, model_id=embedder.model_id, dim=embedder.dim)
+    encode = _TimedEncoder(embedder)
     vectors = embed_chunks(
-        embedder, chunks, batch_size=settings.embed_batch_size, progress=progress, cache=cache
+        embedder, chunks, batch_size=settings.embed_batch_size, progress=progress, cache=cache, encode=encode
     )
     index = build_index(settings, vectors, index_type)
-    info = index_store.save(settings.indexes_dir, index_name, index, chunks, index_type=index_type)
+    lexical = LexicalIndex.build([c.embed_text for c in chunks])
+    info = index_store.save(
+        settings.indexes_dir, index_name, index, chunks, index_type=index_type, lexical=lexical
+    )
     info = _record_counts(info, chunks)
     # Register last: workers switch only once every file of the new version is in place.
     indexes.register(client, keys, info)
@@ -132,5 +188,11 @@ def ingest(
         embedder.dim, hnsw_m=settings.hnsw_m, pq_m=settings.ivf_pq_m
     )
     return IngestReport(
-        info=info, files=files, bytes_per_vector=index_bytes / len(chunks), estimates=estimates
+        info=info,
+        files=files,
+        bytes_per_vector=index_bytes / len(chunks),
+        estimates=estimates,
+        seconds=time.perf_counter() - started,
+        encode_seconds=encode.seconds,
+        encoded=encode.count,
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from broker.contract import Source
-from workers.generation.prompt import SYSTEM_PROMPT, build_prompt
+from workers.generation.prompt import SYSTEM_PROMPT, build_prompt, citations
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +57,17 @@ def test_source_budget_drops_lowest_scored(tokenizer) -> None:
     assert 1 <= trimmed.sources_used < 6 and trimmed.sources_dropped == 6 - trimmed.sources_used
     assert trimmed.prompt_tokens - bare.prompt_tokens <= budget
     assert "w0" in trimmed.text and "w5" not in trimmed.text
+
+
+def test_sources_are_numbered_best_first_and_citations_map_back(tokenizer) -> None:
+    sources = list(reversed(_sources(3)))
+    built = build_prompt(tokenizer, "q?", sources, max_prompt_tokens=2000)
+    assert [s.chunk_id for s in built.numbered] == ["c00", "c01", "c02"]
+    assert "[1] t0\n" in built.text and "[3] t2\n" in built.text
+    cited = citations("It is w1 [2], see also [3][2] and [1, 9] but not [0] or [4].", built.numbered)
+    assert [(c.marker, c.chunk_id, c.title) for c in cited] == [
+        (2, "c01", "t1"),
+        (3, "c02", "t2"),
+        (1, "c00", "t0"),
+    ]
+    assert citations("No marker here.", built.numbered) == []

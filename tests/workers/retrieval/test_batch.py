@@ -69,6 +69,8 @@ def test_early_exit_when_allowed_and_above_threshold(settings: Settings, embedde
     result = on.run([_request("y", q), _request("z", q, allow_early_exit=False)], picked_at=time.time())
     done = [event for _rid, event in result.events if isinstance(event, Done)]
     assert len(done) == 1 and done[0].early_exit is True and "7:15" in (done[0].answer or "")
+    # The answer is the best source itself, cited as [1].
+    assert [(c.marker, c.title) for c in done[0].citations] == [(1, "Café Lumière")]
     assert [t.request_id for t in result.to_generate] == ["z"]
 
     strict = _retriever(settings, embedder, early_exit_score=0.99)

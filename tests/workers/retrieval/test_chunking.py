@@ -1,11 +1,20 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 
 from workers.retrieval.chunking import Chunk, chunk_sections
-from workers.retrieval.readers import Section
+from workers.retrieval.readers import Block, Section, read_sections, slug
+
+DATA = Path(__file__).parent / "data"
+
+
+def _section(title: str, *texts: str, code: tuple[int, ...] = (), description: bool = False) -> Section:
+    """A section of one heading with a paragraph per text (the ones at ``code`` are code blocks)."""
+    blocks = tuple(Block(t, code=i in code) for i, t in enumerate(texts))
+    return Section((title,), slug(title), blocks, description)
 
 
 def _words(n: int, prefix: str = "w") -> str:
@@ -17,7 +26,7 @@ def _prefix(source: str) -> str:
 
 
 def test_windows_and_overlap() -> None:
-    chunks = chunk_sections([Section("T", _words(10))], source="doc.md", chunk_words=4, overlap_words=1)
+    chunks = chunk_sections([_section("T", _words(10))], source="doc.md", chunk_words=4, overlap_words=1)
     assert [c.text for c in chunks] == [
         "w0 w1 w2 w3",
         "w3 w4 w5 w6",
@@ -27,25 +36,25 @@ def test_windows_and_overlap() -> None:
 
 
 def test_short_trailing_window_is_kept() -> None:
-    chunks = chunk_sections([Section("T", _words(9))], source="s", chunk_words=4, overlap_words=1)
+    chunks = chunk_sections([_section("T", _words(9))], source="s", chunk_words=4, overlap_words=1)
     assert [c.text for c in chunks] == ["w0 w1 w2 w3", "w3 w4 w5 w6", "w6 w7 w8"]
 
 
 def test_no_trailing_window_contained_in_previous() -> None:
     # Step 2 over 6 words: a window at w4 would only repeat the tail of the one at w2.
-    chunks = chunk_sections([Section("T", _words(6))], source="s", chunk_words=4, overlap_words=2)
+    chunks = chunk_sections([_section("T", _words(6))], source="s", chunk_words=4, overlap_words=2)
     assert [c.text for c in chunks] == ["w0 w1 w2 w3", "w2 w3 w4 w5"]
 
 
 def test_no_overlap() -> None:
-    chunks = chunk_sections([Section("T", _words(8))], source="s", chunk_words=4, overlap_words=0)
+    chunks = chunk_sections([_section("T", _words(8))], source="s", chunk_words=4, overlap_words=0)
     assert [c.text for c in chunks] == ["w0 w1 w2 w3", "w4 w5 w6 w7"]
 
 
 @pytest.mark.parametrize(("n_words", "expected"), [(1, 1), (5, 1), (6, 2), (7, 2), (8, 2), (9, 3), (50, 16)])
 def test_window_counts(n_words: int, expected: int) -> None:
     # chunk 5, overlap 2, step 3: windows start at 0, 3, 6, ... until one reaches the end.
-    chunks = chunk_sections([Section("T", _words(n_words))], source="s", chunk_words=5, overlap_words=2)
+    chunks = chunk_sections([_section("T", _words(n_words))], source="s", chunk_words=5, overlap_words=2)
     assert len(chunks) == expected
     covered = {w for c in chunks for w in c.text.split()}
     assert covered == set(_words(n_words).split())
@@ -54,24 +63,24 @@ def test_window_counts(n_words: int, expected: int) -> None:
 
 def test_short_section_is_one_chunk_and_whitespace_is_normalised() -> None:
     chunks = chunk_sections(
-        [Section("Intro", "  alpha\n\tbeta   gamma \n")], source="s", chunk_words=100, overlap_words=10
+        [_section("Intro", "  alpha\n\tbeta   gamma \n")], source="s", chunk_words=100, overlap_words=10
     )
     assert [c.text for c in chunks] == ["alpha beta gamma"]
 
 
 def test_title_is_not_prefixed_into_text() -> None:
-    [chunk] = chunk_sections([Section("Heading", "body words")], source="s", chunk_words=5, overlap_words=0)
+    [chunk] = chunk_sections([_section("Heading", "body words")], source="s", chunk_words=5, overlap_words=0)
     assert chunk.text == "body words"
     assert chunk.title == "Heading"
 
 
 def test_empty_sections_produce_nothing() -> None:
-    assert chunk_sections([Section("E", "  \n ")], source="s", chunk_words=3, overlap_words=1) == []
+    assert chunk_sections([_section("E", "  \n ")], source="s", chunk_words=3, overlap_words=1) == []
     assert chunk_sections([], source="s", chunk_words=3, overlap_words=1) == []
 
 
 def test_ids_count_across_sections_in_order_and_are_deterministic() -> None:
-    sections = [Section("A", _words(5, "a")), Section("B", _words(2, "b")), Section("C", _words(4, "c"))]
+    sections = [_section("A", _words(5, "a")), _section("B", _words(2, "b")), _section("C", _words(4, "c"))]
     first = chunk_sections(iter(sections), source="docs/guide.md", chunk_words=3, overlap_words=1)
     again = chunk_sections(sections, source="docs/guide.md", chunk_words=3, overlap_words=1)
     assert first == again
@@ -84,11 +93,11 @@ def test_ids_count_across_sections_in_order_and_are_deterministic() -> None:
         ("C", "c0 c1 c2"),
         ("C", "c2 c3"),
     ]
-    assert first[0] == Chunk(f"{prefix}-00000", "docs/guide.md", "A", "a0 a1 a2")
+    assert first[0] == Chunk(f"{prefix}-00000", "docs/guide.md", "A", "a0 a1 a2", ("a",), {})
 
 
 def test_ids_differ_by_source() -> None:
-    sections = [Section("A", "x y z")]
+    sections = [_section("A", "x y z")]
     a = chunk_sections(sections, source="a.md", chunk_words=3, overlap_words=0)
     b = chunk_sections(sections, source="b.md", chunk_words=3, overlap_words=0)
     assert a[0].chunk_id != b[0].chunk_id
@@ -103,7 +112,7 @@ def test_ids_differ_by_source() -> None:
 def test_invalid_parameters_raise(chunk_words: int, overlap_words: int) -> None:
     with pytest.raises(ValueError):
         chunk_sections(
-            [Section("T", "a b c")], source="s", chunk_words=chunk_words, overlap_words=overlap_words
+            [_section("T", "a b c")], source="s", chunk_words=chunk_words, overlap_words=overlap_words
         )
 
 
@@ -113,5 +122,75 @@ def test_invalid_parameters_raise_even_without_sections() -> None:
 
 
 def test_chunk_words_one() -> None:
-    chunks = chunk_sections([Section("T", "a b c")], source="s", chunk_words=1, overlap_words=0)
+    chunks = chunk_sections([_section("T", "a b c")], source="s", chunk_words=1, overlap_words=0)
     assert [c.text for c in chunks] == ["a", "b", "c"]
+
+
+def test_blocks_are_packed_and_a_code_block_is_kept_whole() -> None:
+    code = "\n".join(f"line{i} = {i}" for i in range(4))  # 12 words
+    section = _section("T", _words(6, "a"), code, _words(6, "b"), code=(1,))
+    chunks = chunk_sections([section], source="s", chunk_words=14, overlap_words=2)
+    # The code block does not fit after the first paragraph, so the next chunk holds it whole,
+    # after that paragraph's tail; code itself is never repeated.
+    assert [c.text for c in chunks] == [_words(6, "a"), f"a4 a5\n\n{code}", _words(6, "b")]
+
+
+def test_a_code_block_over_twice_the_size_is_cut_between_lines() -> None:
+    code = "\n".join(f"x{i} = {i}" for i in range(10))  # 30 words, 3 a line
+    chunks = chunk_sections([_section("T", code, code=(0,))], source="s", chunk_words=12, overlap_words=2)
+    assert [c.text.count("\n") + 1 for c in chunks] == [4, 4, 2]
+    assert "\n".join(c.text for c in chunks) == code
+
+
+def test_a_section_in_several_chunks_repeats_the_tail_of_the_last_paragraph() -> None:
+    section = _section("T", _words(5, "a"), _words(5, "b"), _words(5, "c"))
+    chunks = chunk_sections([section], source="s", chunk_words=10, overlap_words=2)
+    assert [c.text for c in chunks] == [
+        f"{_words(5, 'a')}\n\n{_words(5, 'b')}",
+        f"b3 b4\n\n{_words(5, 'c')}",
+    ]
+
+
+def test_short_descriptions_share_a_chunk_but_headed_sections_never_do() -> None:
+    sections = [
+        _section("COPY_BUFSIZE", "The buffer size.", description=True),
+        _section("ARCHIVE_FORMATS", "Known formats.", description=True),
+        _section("rmtree", _words(40), description=True),
+        _section("Is it fast?", "Yes."),
+        _section("Is it small?", "Yes."),
+    ]
+    chunks = chunk_sections(sections, source="s", chunk_words=100, overlap_words=10, min_words=30)
+    assert [(c.title, c.anchors, c.text) for c in chunks] == [
+        (
+            "COPY_BUFSIZE",
+            ("copy-bufsize", "archive-formats"),
+            "The buffer size.\n\nARCHIVE_FORMATS\n\nKnown formats.",
+        ),
+        ("rmtree", ("rmtree",), _words(40)),
+        ("Is it fast?", ("is-it-fast",), "Yes."),
+        ("Is it small?", ("is-it-small",), "Yes."),
+    ]
+
+
+def test_real_rst_chunks_follow_its_sections() -> None:
+    source = str(DATA / "shutil.rst")
+    chunks = chunk_sections(
+        read_sections(DATA / "shutil.rst"),
+        source=source,
+        chunk_words=60,
+        overlap_words=10,
+        min_words=30,
+        meta={"path": "shutil.rst"},
+    )
+    heading = "shutil — High-level file operations › Directory and files operations"
+    assert [(c.title, c.anchors) for c in chunks] == [
+        ("shutil — High-level file operations", ("shutil-high-level-file-operations",)),
+        (f"{heading} › shutil.copyfileobj", ("shutil.copyfileobj",)),
+        (f"{heading} › shutil.rmtree", ("shutil.rmtree",)),
+        (f"{heading} › shutil.rmtree", ("shutil.rmtree",)),
+        (f"{heading} › shutil.COPY_BUFSIZE", ("shutil.COPY_BUFSIZE", "shutil.ARCHIVE_FORMATS")),
+        (heading, ("directory-and-files-operations",)),
+    ]
+    # rmtree's prose fills its first chunk; its code example is whole in the second.
+    assert chunks[3].text.endswith('import shutil\n\nshutil.rmtree("build")')
+    assert all(c.meta == {"path": "shutil.rst"} and c.embed_text.startswith(c.title + "\n") for c in chunks)

@@ -44,3 +44,28 @@ def test_hnsw_ef_search_per_query(data: tuple[np.ndarray, list[Chunk]]) -> None:
     low = loaded.search(x[:20], 10, index_store.SearchKnobs(ef_search=10))
     high = loaded.search(x[:20], 10, index_store.SearchKnobs(ef_search=200))
     assert len(low[0]) == len(high[0]) == 10
+
+
+@pytest.mark.parametrize("index_type", ["hnsw", "hnsw-selector", "ivfpq"])
+def test_filtered_search_is_exact_in_count(
+    data: tuple[np.ndarray, list[Chunk]], index_type: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However few rows a filter lets through, a search returns min(k, rows) of them, best first."""
+    x, chunks = data
+    if index_type == "hnsw-selector":  # the graph with an ID selector, as for broad filters
+        monkeypatch.setattr(index_store, "EXACT_FILTER_MAX_ROWS", 0)
+        index_type = "hnsw"
+    if index_type == "hnsw":
+        index = index_store.build_hnsw(x, index_store.HnswParams(16, 40, 16))
+    else:
+        index = index_store.build_ivfpq(x, index_store.IvfPqParams(nlist=0, pq_m=8, refine="flat"), nprobe=1)
+    loaded = index_store.LoadedIndex(IndexInfo("n", "v", "/p", len(x), 32, index_type), index, chunks)
+    exact = x[:5] @ x.T
+    for allowed in (np.array([7, 1500, 2999]), np.arange(0, 3000, 97)):
+        rows = loaded.search_rows(x[:5], 10, index_store.SearchKnobs(), allowed=allowed)
+        for q, found in enumerate(rows):
+            assert len(found) == min(10, len(allowed))
+            assert {r for r, _ in found} <= set(allowed.tolist())
+            best = allowed[np.argsort(-exact[q, allowed])][: len(found)]
+            assert [r for r, _ in found][:3] == best.tolist()[:3]
+    assert loaded.search_rows(x[:2], 5, allowed=np.array([], dtype=np.int64)) == [[], []]

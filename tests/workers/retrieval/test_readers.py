@@ -4,7 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from workers.retrieval.readers import SUPPORTED_SUFFIXES, Section, is_supported, read_sections
+from workers.retrieval.readers import SUPPORTED_SUFFIXES, Section, is_supported, read_document, read_sections
+
+
+def _pairs(path: Path) -> list[tuple[str, str]]:
+    """Each section's own heading and text."""
+    return [(s.title, s.text) for s in read_sections(path)]
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:
@@ -44,11 +49,12 @@ def test_unsupported_suffix_raises_value_error(tmp_path: Path) -> None:
 
 def test_txt_is_one_section_titled_with_stem(tmp_path: Path) -> None:
     path = _write(tmp_path, "notes.txt", "\n  line one\nline two  \n\n")
-    assert read_sections(path) == [Section("notes", "line one\nline two")]
+    # Line breaks inside a paragraph are only wrapping.
+    assert _pairs(path) == [("notes", "line one line two")]
 
 
 def test_empty_txt_has_no_sections(tmp_path: Path) -> None:
-    assert read_sections(_write(tmp_path, "empty.txt", "  \n\n")) == []
+    assert _pairs(_write(tmp_path, "empty.txt", "  \n\n")) == []
 
 
 def test_invalid_utf8_is_replaced_not_raised(tmp_path: Path) -> None:
@@ -61,7 +67,7 @@ def test_invalid_utf8_is_replaced_not_raised(tmp_path: Path) -> None:
 def test_utf8_bom_is_dropped(tmp_path: Path) -> None:
     path = tmp_path / "bom.md"
     path.write_bytes("\ufeff# Title\nbody\n".encode())
-    assert read_sections(path) == [Section("Title", "body")]
+    assert _pairs(path) == [("Title", "body")]
 
 
 def test_markdown_headings_and_code_fence(tmp_path: Path) -> None:
@@ -102,8 +108,8 @@ def test_markdown_headings_and_code_fence(tmp_path: Path) -> None:
 
 
 def test_markdown_unclosed_fence_runs_to_end(tmp_path: Path) -> None:
-    sections = read_sections(_write(tmp_path, "a.md", "# A\n```\n# inside\n"))
-    assert sections == [Section("A", "```\n# inside")]
+    sections = _pairs(_write(tmp_path, "a.md", "# A\n```\n# inside\n"))
+    assert sections == [("A", "```\n# inside")]
 
 
 def test_rst_underline_and_overline_styles(tmp_path: Path) -> None:
@@ -137,29 +143,29 @@ def test_rst_underline_and_overline_styles(tmp_path: Path) -> None:
     assert sections[0].text == "Preamble text."
     assert sections[1].text == "Overview body."
     # A too-short underline is not a title, so it stays in the text.
-    assert sections[2].text == "Install body.\n\nToo Long Title\n~~~"
+    assert sections[2].text == "Install body.\n\nToo Long Title ~~~"
     assert sections[3].text == "Short title body.\n\n----------\n\nAfter a transition."
 
 
 def test_rst_paragraph_line_above_rule_is_not_a_title(tmp_path: Path) -> None:
     text = "Title\n=====\n\nfirst line\nsecond line\n-----------\n"
-    assert read_sections(_write(tmp_path, "a.rst", text)) == [
-        Section("Title", "first line\nsecond line\n-----------")
-    ]
+    assert _pairs(_write(tmp_path, "a.rst", text)) == [("Title", "first line second line -----------")]
 
 
 def test_rst_indented_literal_block_is_not_a_title(tmp_path: Path) -> None:
     text = "Usage\n=====\n\nExample::\n\n    code line\n    ---------\n"
     [section] = read_sections(_write(tmp_path, "a.rst", text))
     assert section.title == "Usage"
-    assert section.text == "Example::\n\n    code line\n    ---------"
+    # The literal block is a code block of its own, kept whole.
+    assert section.text == "Example:\n\ncode line\n---------"
+    assert [b.code for b in section.blocks] == [False, True]
 
 
 def test_rst_txt_file_uses_rst_reader_and_stem(tmp_path: Path) -> None:
     text = "Leading words.\n\nChapter\n*******\n\nChapter words.\n"
-    assert read_sections(_write(tmp_path, "manual.rst.txt", text)) == [
-        Section("manual", "Leading words."),
-        Section("Chapter", "Chapter words."),
+    assert _pairs(_write(tmp_path, "manual.rst.txt", text)) == [
+        ("manual", "Leading words."),
+        ("Chapter", "Chapter words."),
     ]
 
 
@@ -191,10 +197,10 @@ line 2</pre>
 </html>
 """
     sections = read_sections(_write(tmp_path, "page.html", text))
-    assert sections == [
-        Section("The Guide", "Intro text across lines."),
-        Section("First & Foremost", "Para one.\nPara two\nafter break.\nDiv text"),
-        Section("Lists", "one\ntwo\na b\nc\nline 1\nline 2"),
+    assert [(s.title, s.text) for s in sections] == [
+        ("The Guide", "Intro text across lines."),
+        ("First & Foremost", "Para one.\n\nPara two\n\nafter break.\n\nDiv text"),
+        ("Lists", "one\n\ntwo\n\na b\n\nc\n\nline 1\nline 2"),
     ]
     joined = " ".join(s.title + " " + s.text for s in sections)
     for hidden in ("color", "fake", "hidden", "Home", "Nav heading"):
@@ -203,12 +209,12 @@ line 2</pre>
 
 def test_html_block_wrapped_heading_text(tmp_path: Path) -> None:
     path = _write(tmp_path, "w.html", "<h1><div>Wrapped</div> <span>Title</span></h1><p>body</p>")
-    assert read_sections(path) == [Section("Wrapped Title", "body")]
+    assert _pairs(path) == [("Wrapped Title", "body")]
 
 
 def test_html_without_head_or_title_uses_stem(tmp_path: Path) -> None:
-    sections = read_sections(_write(tmp_path, "bare.htm", "plain <b>bold</b> text<h2>H</h2>more"))
-    assert sections == [Section("bare", "plain bold text"), Section("H", "more")]
+    sections = _pairs(_write(tmp_path, "bare.htm", "plain <b>bold</b> text<h2>H</h2>more"))
+    assert sections == [("bare", "plain bold text"), ("H", "more")]
 
 
 @pytest.mark.parametrize(
@@ -233,7 +239,7 @@ def test_html_malformed_never_raises(tmp_path: Path, text: str) -> None:
 
 def test_html_unclosed_heading_and_title(tmp_path: Path) -> None:
     path = _write(tmp_path, "u.html", "<title>T<h1>Unclosed<p>body<h2>Next</h2>more")
-    assert read_sections(path) == [Section("Unclosed", "body"), Section("Next", "more")]
+    assert _pairs(path) == [("Unclosed", "body"), ("Next", "more")]
 
 
 @pytest.mark.parametrize("suffix", [".md", ".rst", ".rst.txt", ".txt"])
@@ -241,3 +247,102 @@ def test_odd_text_never_raises(tmp_path: Path, suffix: str) -> None:
     text = "#\n#\n```\n===\n\x00\x01\n" + "=" * 3 + "\n\n" + "-" * 80 + "\n" + "#" * 7 + "\n\u2028"
     sections = read_sections(_write(tmp_path, "odd" + suffix, text))
     assert all(s.text.strip() for s in sections)
+
+
+# --- structure: title paths, anchors, code blocks, front matter (tests/workers/retrieval/data) -----
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_rst_title_paths_anchors_and_literal_blocks() -> None:
+    document = read_document(DATA / "statements.rst")
+    assert document.meta == {"tocdepth": "2"}
+    sections = document.sections
+    assert [(s.path_title, s.anchor) for s in sections] == [
+        ("Simple statements", "simple"),
+        ("Simple statements › The pass statement", "pass"),
+        ("Simple statements › The global statement", "global"),
+        # No label above it: the anchor Sphinx makes from the heading.
+        ("Simple statements › The global statement › Programmer's note", "programmer-s-note"),
+    ]
+    pass_section = sections[1]
+    # Roles lose their markup; the literal block after "::" is one code block, blank lines kept.
+    assert pass_section.blocks[0].text.startswith("pass is a null operation — when")
+    [code] = [b for b in pass_section.blocks if b.code]
+    assert code.text == (
+        "def f(arg): pass    # a function that does nothing (yet)\n"
+        "\n"
+        "class C: pass       # a class with no methods (yet)"
+    )
+    assert "Changed in version 3.6." in sections[2].text
+    assert "pair: simple" not in " ".join(s.text for s in sections)  # index entries are not text
+
+
+def test_rst_descriptions_are_sections_under_their_heading() -> None:
+    sections = read_sections(DATA / "shutil.rst")
+    assert [(s.path_title, s.anchor, s.description) for s in sections] == [
+        ("shutil — High-level file operations", "shutil-high-level-file-operations", False),
+        (
+            "shutil — High-level file operations › Directory and files operations › shutil.copyfileobj",
+            "shutil.copyfileobj",
+            True,
+        ),
+        (
+            "shutil — High-level file operations › Directory and files operations › shutil.rmtree",
+            "shutil.rmtree",
+            True,
+        ),
+        (
+            "shutil — High-level file operations › Directory and files operations › shutil.COPY_BUFSIZE",
+            "shutil.COPY_BUFSIZE",
+            True,
+        ),
+        (
+            "shutil — High-level file operations › Directory and files operations › shutil.ARCHIVE_FORMATS",
+            "shutil.ARCHIVE_FORMATS",
+            True,
+        ),
+        # Text at column 0 after the descriptions belongs to their heading again.
+        (
+            "shutil — High-level file operations › Directory and files operations",
+            "directory-and-files-operations",
+            False,
+        ),
+    ]
+    rmtree = sections[2]
+    assert rmtree.blocks[0].text.startswith("function:: rmtree(path")
+    [code] = [b for b in rmtree.blocks if b.code]
+    assert code.text == 'import shutil\n\nshutil.rmtree("build")'
+
+
+def test_markdown_title_paths_front_matter_and_fences() -> None:
+    document = read_document(DATA / "guide.md")
+    assert document.meta == {"product": "ragline", "audience": "operators"}
+    assert [(s.path_title, s.anchor) for s in document.sections] == [
+        ("Operating ragline", "operating-ragline"),
+        ("Operating ragline › Install", "install"),
+        ("Operating ragline › Configure it › Environment variables", "environment-variables"),
+    ]
+    [code] = [b for b in document.sections[1].blocks if b.code]
+    assert code.text == "```sh\n# not a heading: a shell comment\n\nbash deploy/install.sh\n```"
+
+
+def test_html_title_paths_anchors_and_pre() -> None:
+    sections = read_sections(DATA / "page.html")
+    assert [(s.path_title, s.anchor) for s in sections] == [
+        ("Simple statements", "simple-statements"),
+        # The label's id (Sphinx's span before the heading), as the reST reader takes `.. _global:`.
+        ("Simple statements › The global statement", "global"),
+    ]
+    assert sections[1].blocks[-1].code and sections[1].blocks[-1].text == "global x\n\nx = 1"
+
+
+def test_plain_text_underlined_headings_are_titles(tmp_path: Path) -> None:
+    # pydoc's topics, which `ragline demo` ingests, are plain text with reST-style underlines.
+    text = 'The "global" statement\n**********************\n\nThe "global" statement is a declaration.\n'
+    [section] = read_sections(_write(tmp_path, "global.txt", text))
+    assert (section.title, section.anchor, section.text) == (
+        'The "global" statement',
+        "the-global-statement",
+        'The "global" statement is a declaration.',
+    )
