@@ -141,3 +141,35 @@ def engine_cores(host: Host) -> Choice:
 
 def torch_threads(host: Host) -> Choice:
     return Choice(len(host.cores), f"one per core this process may use ({len(host.cores)})")
+
+
+@dataclass(frozen=True, slots=True)
+class CoreSplit:
+    """Which cores ``ragline up`` gives the engine, and which everything else (encoder, API,
+    Redis, webhook delivery, Flower), when they share one CPU host."""
+
+    engine: tuple[int, ...]
+    others: tuple[int, ...]
+    reason: str
+
+
+def core_split(host: Host) -> CoreSplit | None:
+    """Cores of their own for the engine and for the rest, or None (one core, or a GPU host,
+    where the engine does not compute on the CPU).
+
+    On shared cores each stage's threads preempt the other's at every step: the engine's OpenMP
+    threads wait at barriers for a thread the encoder displaced, and the encoder's batches stall
+    behind the engine, so retrieval beside generation queues into seconds. Apart, each keeps
+    most of its solo speed (docs/architecture.md). The rest gets a quarter of the cores, at
+    least one: the encoder is the smaller model and batches its queries.
+    """
+    if host.gpus or len(host.cores) < 2:
+        return None
+    n = max(1, len(host.cores) // 4)
+    others, engine = host.cores[:n], host.cores[n:]
+    return CoreSplit(
+        engine,
+        others,
+        f"engine on {core_list(engine)}, encoder and the rest on {core_list(others)} "
+        f"(a quarter of the {len(host.cores)} cores, at least one)",
+    )

@@ -153,6 +153,9 @@ class Settings(BaseSettings):
     # vLLM's own "auto" leaves the model one core fewer than it may use, which on a small host
     # is most of its speed. Empty: every core this process may use, as a list ("0-3,8").
     cpu_omp_threads_bind: str = ""
+    # `ragline up` on a CPU host: the engine gets cores of its own, the encoder and everything
+    # else the rest (broker/host.py core_split); false: every process may use every core.
+    split_cores: bool = True
     max_new_tokens: int = 128
     # Forces at least this many tokens (0 = stop at end-of-sequence as usual): fixed-length
     # outputs for benchmarks, and a long generation for tests that interrupt one.

@@ -215,6 +215,7 @@ class Supervisor:
         last: bool = False,
         stdout: IO[bytes] | int | None = None,
         nice: int | None = None,
+        cores: tuple[int, ...] | None = None,
     ) -> Child:
         """Start ``cmd``; ``stdout`` (a file or DEVNULL) takes stderr too; ``nice`` is an absolute
         nice value for the child, whatever this process's own."""
@@ -227,7 +228,7 @@ class Supervisor:
                 stdout=stdout,
                 stderr=subprocess.STDOUT if stdout is not None else None,
                 start_new_session=True,
-                preexec_fn=None if nice is None else (lambda: os.setpriority(os.PRIO_PROCESS, 0, nice)),
+                preexec_fn=None if nice is None and cores is None else (lambda: _confine(nice, cores)),
             )
             child = Child(name, proc, stop_signal, last)
             self.children.append(child)
@@ -319,3 +320,12 @@ def _stop_all() -> None:
     for supervisor in list(_live):
         if supervisor.children:
             supervisor.stop()
+
+
+def _confine(nice: int | None, cores: tuple[int, ...] | None) -> None:
+    """In the child before exec: its priority and the cores it (and whatever it starts) may use;
+    its settings then size themselves from those cores (broker/host.py)."""
+    if nice is not None:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    if cores is not None:
+        os.sched_setaffinity(0, cores)

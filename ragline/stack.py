@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from broker import host
 from broker.secret_policy import refuse_defaults
 from broker.settings import Settings
 from ragline import processes
@@ -51,7 +52,7 @@ class Stack:
         raise TimeoutError(f"ragline was not ready within {timeout_s:.0f}s: {last}")
 
 
-def _redis_url(settings: Settings, supervisor: Supervisor) -> str:
+def _redis_url(settings: Settings, supervisor: Supervisor, cores: tuple[int, ...] | None) -> str:
     if processes.redis_answers(settings.redis_url):
         return settings.redis_url
     port = processes.free_port()
@@ -63,6 +64,7 @@ def _redis_url(settings: Settings, supervisor: Supervisor) -> str:
         processes.embedded_redis_command(settings, port),
         processes.child_env(settings, kind="redis"),
         last=True,
+        cores=cores,
     )
     deadline = time.monotonic() + 15
     while not processes.redis_answers(url):
@@ -77,16 +79,23 @@ def running_stack(settings: Settings, *, flower: bool = True) -> Iterator[Stack]
     """Start everything; on exit (Ctrl-C included) stop every child, all within 15 s. Nothing
     starts where a component would run on a default secret (:class:`DefaultSecret`)."""
     refuse_defaults(settings, "api", "callbacks", *(["flower"] if flower else []))
+    split = host.core_split(host.detect()) if settings.split_cores else None
+    if split is not None:
+        log.warning("cores: %s (RAGLINE_SPLIT_CORES=false shares them)", split.reason)
+    engine, others = (split.engine, split.others) if split else (None, None)
     supervisor = Supervisor()
     try:
-        settings = settings.model_copy(update={"redis_url": _redis_url(settings, supervisor)})
+        settings = settings.model_copy(update={"redis_url": _redis_url(settings, supervisor, others)})
         for kind in ("retrieval", "generation", "callbacks"):
             supervisor.start(
                 f"{kind}-worker",
                 processes.worker_command(kind, settings),
                 processes.child_env(settings, kind=kind),
+                cores=engine if kind == "generation" else others,
             )
-        supervisor.start("api", processes.api_command(settings), processes.child_env(settings, kind="api"))
+        supervisor.start(
+            "api", processes.api_command(settings), processes.child_env(settings, kind="api"), cores=others
+        )
         if flower:
             # Flower ignores SIGTERM; SIGINT stops it.
             supervisor.start(
@@ -94,6 +103,7 @@ def running_stack(settings: Settings, *, flower: bool = True) -> Iterator[Stack]
                 processes.flower_command(settings),
                 processes.child_env(settings, kind="flower"),
                 stop_signal=signal.SIGINT,
+                cores=others,
             )
         yield Stack(settings, supervisor)
     finally:

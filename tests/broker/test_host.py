@@ -77,3 +77,12 @@ def test_a_cpu_quota_bounds_the_cores(tmp_path) -> None:
     assert host.cpu_quota(tmp_path / "missing") is None
     assert host.usable_cores({7, 1, 3, 5}, 2) == (1, 3)
     assert host.usable_cores({7, 1}, None) == (1, 7)
+
+
+def test_the_engine_gets_cores_of_its_own_on_a_cpu_host() -> None:
+    two = host.core_split(_host(cores=2))
+    assert two is not None and two.engine == (1,) and two.others == (0,)
+    many = host.core_split(_host(cores=16))
+    assert many is not None and many.others == (0, 1, 2, 3) and many.engine == tuple(range(4, 16))
+    assert host.core_split(_host(cores=1)) is None  # nothing to split
+    assert host.core_split(_host(cores=2, gpus=1)) is None  # the engine computes on the GPU
