@@ -15,6 +15,7 @@ that does not validate raises :class:`ContractError` at the receiver, which says
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, Self
 
@@ -129,6 +130,15 @@ class PrefixMatch(_Model):
 # matter and `ragline ingest --meta` keys); every key must match.
 FilterValue = str | list[str] | PrefixMatch
 MetadataFilter = dict[str, FilterValue]
+
+
+def filter_key(flt: MetadataFilter | None) -> str:
+    """A stable key for a filter ('' for none): the worker groups a batch's requests by it, and
+    the API's result-cache key includes it."""
+    if not flt:
+        return ""
+    plain = {k: v.model_dump() if isinstance(v, PrefixMatch) else v for k, v in flt.items()}
+    return json.dumps(plain, sort_keys=True, ensure_ascii=False)
 
 
 class RetrieveRequest(_Model):

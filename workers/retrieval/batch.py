@@ -24,6 +24,7 @@ from broker.contract import (
     Sources,
     StreamEvent,
     Timings,
+    filter_key,
 )
 from broker.settings import Settings
 from workers.retrieval.chunking import Chunk
@@ -32,7 +33,7 @@ from workers.retrieval.embedding_cache import EmbeddingCache
 from workers.retrieval.index_store import IndexCache, LoadedIndex, SearchKnobs, UnknownIndex
 from workers.retrieval.lexical import LexicalIndex
 from workers.retrieval.rerank import Reranker
-from workers.retrieval.search import Candidate, allowed_rows, diversify, filter_key, fuse
+from workers.retrieval.search import Candidate, allowed_rows, diversify, fuse
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,14 +18,6 @@ class Candidate:
     score: float
     # The query's cosine similarity to it when the dense search found it (early exit reads it).
     dense: float | None = None
-
-
-def filter_key(flt: MetadataFilter | None) -> str:
-    """A stable key for grouping requests with the same filter ('' for none)."""
-    if not flt:
-        return ""
-    plain = {k: v.model_dump() if isinstance(v, PrefixMatch) else v for k, v in flt.items()}
-    return json.dumps(plain, sort_keys=True, ensure_ascii=False)
 
 
 def _value(chunk: Chunk, key: str) -> str | None:

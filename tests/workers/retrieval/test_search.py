@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from broker.contract import PrefixMatch
+from broker.contract import PrefixMatch, filter_key
 from workers.retrieval.chunking import Chunk
-from workers.retrieval.search import Candidate, allowed_rows, diversify, filter_key, fuse, matches
+from workers.retrieval.search import Candidate, allowed_rows, diversify, fuse, matches
 
 
 def _chunk(i: int, source: str, anchor: str, **meta: str) -> Chunk:
