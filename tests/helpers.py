@@ -24,7 +24,7 @@ import httpx
 import pytest
 import redis
 
-from broker import jobs
+from broker import indexes, jobs
 from broker.keys import Keys
 from broker.settings import Settings
 
@@ -212,6 +212,23 @@ def stack_on_db(
         for kind, p in workers.items():
             p.stop(timeout=60 if kind == "generation" else 30)
         client.flushdb()
+
+
+# -- an API in this process -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def own_prefix(settings: Settings, index: str) -> Iterator[Settings]:
+    """``settings`` under a key prefix of their own on the test Redis, where ``index`` is
+    registered (at version ``v1``, no files: nothing is searched); its keys are deleted after."""
+    s = settings.model_copy(update={"key_prefix": f"t-{uuid.uuid4().hex[:8]}", "default_index": index})
+    client = redis.Redis.from_url(s.redis_url)
+    indexes.register(client, Keys(s.key_prefix), indexes.IndexInfo(index, "v1", "/nowhere", 1, 384))
+    try:
+        yield s
+    finally:
+        for key in client.scan_iter(f"{s.key_prefix}:*"):
+            client.delete(key)
 
 
 # -- what the API sends, and what Redis receives ------------------------------------------------
