@@ -1,7 +1,8 @@
 """Deadline-aware admission: admit, degrade to retrieval-only, or refuse with 503 + Retry-After.
 
-Called after the result cache missed and before anything is enqueued. It reads this process's
-copy of the backpressure snapshot (no I/O): a RAG request needs retrieval's and generation's
+The pipeline's admission step (:mod:`api.pipeline`) asks it before anything is enqueued, with
+the request's deadline (clamped there). It reads this process's copy of the backpressure
+snapshot (no I/O): a RAG request needs retrieval's and generation's
 predicted waits (from measured service times at the concurrency it will find, see
 :meth:`broker.backpressure.QueueLoad.predicted_wait_s`) to fit its deadline; if only retrieval
 fits, the request is answered with its sources alone (when it allows that); if retrieval does not
@@ -63,12 +64,6 @@ class Admission:
         # within a retrieval's time. Forgotten after the request timeout (an async job's
         # retrieval is never watched here).
         self._in_transit: dict[str, float] = {}
-
-    def deadline_s(self, header_ms: int | None) -> float:
-        """The request's deadline: the header within the configured bounds, else the default."""
-        s = self._s
-        ms = s.default_deadline_ms if header_ms is None else header_ms
-        return min(max(ms, s.min_deadline_ms), s.max_deadline_ms) / 1000
 
     def _retry_after(self, wait_s: float, deadline_s: float) -> int:
         # When the backlog ahead would have drained enough for a request with this deadline.

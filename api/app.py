@@ -9,13 +9,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api import errors
+from api import errors, middleware
 from api.access import Access
 from api.admission import Admission
 from api.fast_path import FastPath
-from api.middleware import RequestContext
+from api.pipeline.connect import Connected
 from api.routers import health, indexes, jobs, metrics, query, web
-from api.serving import QueryService
 from broker.backpressure import BackpressureMonitor
 from broker.celery_app import create_celery
 from broker.keys import Keys
@@ -68,9 +67,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 rate_limit=settings.rate_limit_enabled,
             )
         )
-        app.state.query_service = QueryService(
-            settings, app.state.redis, create_celery(settings), app.state.admission
-        )
+        connected = Connected(settings, app.state.redis, create_celery(settings), app.state.admission)
+        app.state.pipeline = connected.pipeline
         # Everything built so far lives as long as the process: out of the collector's sight, a
         # full collection no longer walks it (tens of ms, paid by whichever request triggers it).
         gc.collect()
@@ -79,7 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             await app.state.monitor.stop()
-            await app.state.query_service.aclose()
+            await connected.aclose()
             await app.state.redis.aclose()
 
     app = FastAPI(
@@ -90,9 +88,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     errors.install(app)
 
-    # Added first, so it runs inside the door: keys and rate limits apply to the fast path too.
-    app.add_middleware(FastPath, max_body_bytes=_MAX_BODY_BYTES)
-    app.add_middleware(RequestContext, max_body_bytes=_MAX_BODY_BYTES)
+    # The last added runs first: metrics, request id, body limit, the door, then the fast path.
+    app.add_middleware(FastPath)
+    app.add_middleware(middleware.Door)
+    app.add_middleware(middleware.BodyLimit, max_body_bytes=_MAX_BODY_BYTES)
+    app.add_middleware(middleware.RequestId)
+    app.add_middleware(middleware.Metrics)
     app.include_router(query.router)
     app.include_router(jobs.router)
     app.include_router(health.router)

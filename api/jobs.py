@@ -1,4 +1,4 @@
-"""Async jobs: admit like a query, store a durable record, enqueue the same tasks, read it back."""
+"""Async jobs: through the query pipeline, a durable record, the same tasks; read back, cancelled."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 
 from api.errors import ApiError
 from api.jobs_protocol import JobAccepted, JobRequest, JobView
-from api.serving import QueryService
+from api.pipeline import Pipeline, QueryContext
 from broker import jobs
 from broker.cancel import arequest_cancel
 from broker.contract import ContractError
@@ -37,10 +37,10 @@ def _accepted(job_id: str, status: str) -> JobAccepted:
 
 
 class JobService:
-    def __init__(self, settings: Settings, redis: aioredis.Redis, queries: QueryService) -> None:
+    def __init__(self, settings: Settings, redis: aioredis.Redis, pipeline: Pipeline) -> None:
         self._settings = settings
         self._redis = redis
-        self._queries = queries
+        self._pipeline = pipeline
         self._keys = Keys(settings.key_prefix)
         self._store = jobs.AsyncJobStore(redis, settings)
 
@@ -70,28 +70,36 @@ class JobService:
             raise ApiError(422, "invalid_request", f"Idempotency-Key must be 1..{limit} printable characters")
 
     async def submit(
-        self, *, request_id: str, principal: str, body: JobRequest, idempotency_key: str | None
+        self, ctx: QueryContext[JobRequest], *, principal: str, idempotency_key: str | None
     ) -> tuple[JobAccepted, bool]:
-        """Create and enqueue a job; returns (accepted, replayed) — replayed for a known key."""
+        """Create and enqueue a validated job; returns (accepted, replayed) — replayed for a known key.
+
+        Through the pipeline like a query, but for the result cache: a job runs its tasks, whose
+        events drive its record. Admission applies as to a query with the same deadline (the
+        ``X-Request-Deadline-Ms`` header, else the default): admitted, the job is queued;
+        degraded, it runs retrieval-only and its result says so; refused, it is not created
+        (503 with Retry-After), so a retry with the same Idempotency-Key starts it then.
+        """
+        body = ctx.request
+        assert body is not None
         if idempotency_key is not None:
             self._check_key(idempotency_key)
-        admitted = self._queries.admit(body)
-        version = await self._queries.index_version(admitted.index)
         self._check_metadata(body.metadata)
         webhook_url = await self._check_webhook(body.webhook_url) if body.webhook_url else None
+        ctx.job_id = ctx.request_id  # the job's request id: one id in logs, events and the job record
+        ctx.decision = self._pipeline.decide(ctx)
+        await self._pipeline.index(ctx)
+        await self._pipeline.admission(ctx, use_cache=False)
+        asked = ctx.asked
         record = jobs.new_record(
-            job_id=request_id,  # the job's request id: one id in logs, events and the job record
+            job_id=ctx.job_id,
             owner=principal,
-            request={
-                "query": admitted.query,
-                "top_k": admitted.top_k,
-                "mode": admitted.mode,
-                "index": admitted.index,
-            },
+            request={"query": asked.query, "top_k": asked.top_k, "mode": body.mode, "index": asked.index},
             webhook_url=webhook_url,
             metadata=body.metadata,
             now=time.time(),
         )
+        record["mode"] = asked.mode  # degraded: retrieval-only, so its stages end with retrieval
         digest = jobs.idempotency_digest(principal, idempotency_key) if idempotency_key else None
         for _ in range(2):
             created, job_id = await self._store.create(record, idempotency=digest)
@@ -112,7 +120,7 @@ class JobService:
         else:
             raise ApiError(503, "unavailable", "could not create the job", headers={"Retry-After": "1"})
         try:
-            await self._queries.enqueue(job_id, admitted, index_version=version, job_id=job_id)
+            await self._pipeline.enqueue(ctx)
         except ApiError:
             # Nothing was enqueued: forget the job so that a retry with the same key enqueues it.
             await self._store.discard(job_id, idempotency=digest)

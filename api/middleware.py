@@ -1,91 +1,183 @@
-"""The door, as plain ASGI middleware. In order: a request id (on every response), the body-size
-bound (413), the API key (401) and rate limits (429), none of which touches a queue; then the
-request counter and the rate-limit headers on the way out. (Starlette's ``@app.middleware``
-wraps each response in extra tasks and streams; on the cache-hit path that overhead was larger
-than the work itself.)"""
+"""The cross-cutting concerns, each one small ASGI middleware (outermost first):
+
+- :class:`Metrics`: the request counter (requests refused before routing count as ``refused``),
+  and the one place request latency is recorded. Outermost, so it sees every response, the last
+  resort's too.
+- :class:`RequestId`: an id for every request, ``X-Request-Id`` on every response, and the last
+  resort: an exception nothing else answered becomes the error mapping's response.
+- :class:`BodyLimit`: 413 past the limit, for a body whose ``Content-Length`` says so at once,
+  for one sent in chunks as soon as the bytes that arrived pass it.
+- :class:`Door`: the API key (401) and rate limits (429), one Redis round trip, touching no queue.
+
+Plain ASGI rather than Starlette's ``@app.middleware``, which wraps each response in extra tasks
+and streams: on the cache-hit path that overhead was larger than the work itself.
+"""
 
 from __future__ import annotations
 
-import json
-import logging
+import time
 import uuid
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.access import Refusal, rate_headers, refusal_response
+from api.access import Refusal, rate_headers
+from api.errors import ApiError, error_response
 from broker import metrics
 
-log = logging.getLogger(__name__)
+Headers = list[tuple[bytes, bytes]]
 
 
-class RequestContext:
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+def _with_headers(headers: Headers, extra: Headers) -> Headers:
+    """``headers`` and those of ``extra`` the app did not set itself."""
+    present = {name.lower() for name, _ in headers}
+    return headers + [(name, value) for name, value in extra if name not in present]
+
+
+def _adding_headers(send: Send, extra: Headers) -> Send:
+    """``send`` with ``extra`` headers on the response start."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = _with_headers(list(message.get("headers", ())), extra)
+        await send(message)
+
+    return sending
+
+
+class _Http:
+    """A middleware for HTTP requests: each passes anything else (the lifespan) straight on."""
+
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
+
+
+class RequestId(_Http):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        request_id = uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        extra = [(b"x-request-id", request_id.encode())]
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                message["headers"] = _with_headers(list(message.get("headers", ())), extra)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception as exc:
+            if started:
+                raise
+            await error_response(exc, request_id)(scope, receive, sending)
+
+
+class Metrics(_Http):
+    """``ragline_requests_total`` by route and status, for every request; and, for every query the
+    pipeline answered, ``ragline_request_seconds`` by route and how it was answered (``cached``,
+    ``rag``, ``retrieval``, ``job``), from the door to the response's last byte (a stream's last
+    event)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        began = time.perf_counter()
+        status = 499  # unless a response starts: the client left before one could
+
+        async def recording(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, recording)
+        finally:
+            state = scope.get("state", {})
+            route: Any = scope.get("route")
+            # The route's template, not the raw path, keeps the label set bounded.
+            endpoint = getattr(route, "path", None) or ("refused" if state.get("refused") else "unmatched")
+            metrics.REQUESTS.labels(endpoint, str(status)).inc()
+            answered_as = state.get("answered_as")
+            if answered_as is not None and status < 400:
+                metrics.REQUEST_SECONDS.labels(endpoint, answered_as).observe(time.perf_counter() - began)
+
+
+class BodyTooLarge(Exception):
+    """Raised into the app by :class:`BodyLimit` when a body passes the limit."""
+
+
+class BodyLimit(_Http):
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+        super().__init__(app)
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        limit = self.max_body_bytes
+        length, chunked = None, False
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length = value
+            elif name == b"transfer-encoding":
+                chunked = True
+        if length is not None and not chunked:
+            # The server reads no more than Content-Length says: nothing to count.
+            if length.isdigit() and int(length) > limit:
+                scope["state"]["refused"] = True
+                await self._too_large(scope, receive, send)
+                return
             await self.app(scope, receive, send)
             return
-        request_id = uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
-        id_header = (b"x-request-id", request_id.encode())
-        for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
-                await self._too_large(send, request_id, id_header)
-                return
-        verdict = await scope["app"].state.access.check(Request(scope))
-        if isinstance(verdict, Refusal):
-            await refusal_response(verdict, request_id)(scope, receive, send)
-            metrics.REQUESTS.labels("refused", str(verdict.status)).inc()
-            return
-        if verdict.principal != "anonymous" or "principal" not in scope["state"]:
-            # With auth off, a principal set by an outer layer (a trusted gateway, a test) stays.
-            scope["state"]["principal"] = verdict.principal
-        extra = [(b"x-request-id", request_id.encode())]
-        extra += [(k.lower().encode(), v.encode()) for k, v in rate_headers(verdict).items()]
-        status = 500
-        started = False
+        received = 0
+        tripped = False
 
-        async def send_with_id(message: Message) -> None:
-            nonlocal status, started
-            if message["type"] == "http.response.start":
-                started = True
-                status = message["status"]
-                headers = list(message.get("headers", ()))
-                present = {name.lower() for name, _ in headers}
-                headers += [(name, value) for name, value in extra if name not in present]
-                message["headers"] = headers
-            await send(message)
+        async def counting() -> Message:
+            nonlocal received, tripped
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    tripped = True
+                    raise BodyTooLarge
+            return message
+
+        async def unless_tripped(message: Message) -> None:
+            if not tripped:  # the app's own answer to the exception is replaced by the 413
+                await send(message)
 
         try:
-            await self.app(scope, receive, send_with_id)
+            await self.app(scope, counting, unless_tripped)
         except Exception:
-            log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
-            if started:
+            if not tripped:
                 raise
-            body = {"error": "internal", "message": "internal server error", "request_id": request_id}
-            await JSONResponse(body, status_code=500)(scope, receive, send_with_id)
-        finally:
-            route: Any = scope.get("route")
-            # The route's template, not the raw path, keeps the label set bounded.
-            metrics.REQUESTS.labels(getattr(route, "path", "unmatched"), str(status)).inc()
+        if tripped:
+            await self._too_large(scope, receive, send)
 
-    async def _too_large(self, send: Send, request_id: str, id_header: tuple[bytes, bytes]) -> None:
-        body = json.dumps(
-            {
-                "error": "too_large",
-                "message": f"body over {self.max_body_bytes} bytes",
-                "request_id": request_id,
-            }
-        ).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            id_header,
-        ]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        too_large = ApiError(413, "too_large", f"body over {self.max_body_bytes} bytes")
+        await error_response(too_large, scope["state"]["request_id"])(scope, receive, send)
+
+
+class Door(_Http):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        state = scope["state"]
+        verdict = await scope["app"].state.access.check(Request(scope))
+        if isinstance(verdict, Refusal):
+            state["refused"] = True
+            refused = ApiError(verdict.status, verdict.error, verdict.message, headers=verdict.headers)
+            await error_response(refused, state["request_id"])(scope, receive, send)
+            return
+        if verdict.principal != "anonymous" or "principal" not in state:
+            # With auth off, a principal set by an outer layer (a trusted gateway, a test) stays.
+            state["principal"] = verdict.principal
+        extra = [(k.lower().encode(), v.encode()) for k, v in rate_headers(verdict).items()]
+        await self.app(scope, receive, _adding_headers(send, extra) if extra else send)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
@@ -11,7 +11,16 @@ from broker.contract import Done, MetadataFilter, Source, Timings, Usage
 MAX_FILTER_KEYS = 16
 MAX_FILTER_VALUES = 256
 
-__all__ = ["ErrorBody", "QueryRequest", "QueryResponse", "Source", "StreamDone", "Timings", "Usage"]
+__all__ = [
+    "ErrorBody",
+    "QueryRequest",
+    "QueryResponse",
+    "Source",
+    "StreamDone",
+    "Timings",
+    "Usage",
+    "json_body",
+]
 
 
 class QueryRequest(BaseModel):
@@ -90,3 +99,10 @@ class ErrorBody(BaseModel):
     error: str
     message: str
     request_id: str | None = None
+
+
+def json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI request body of a route that hands its raw body to the pipeline's validate
+    step (one validation, one set of messages, for every endpoint): ``model``'s schema."""
+    schema = model.model_json_schema()
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}

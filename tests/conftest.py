@@ -6,16 +6,10 @@ the whole session; tests that stop a worker start it again.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -23,33 +17,21 @@ import pytest
 import redis
 
 from broker.settings import Settings
+from tests.helpers import (
+    AUTH_API_DEPTH_LIMIT,
+    CAFE_DOC,
+    FILLER_DOCS,
+    Api,
+    Proc,
+    Workers,
+    free_port,
+    start_api,
+    wait_for_workers,
+    worker,
+)
 
 TEST_REDIS_URL = os.environ.get("RAGLINE_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
 TEST_INDEX = "test"
-
-CAFE_DOC = """# Café Lumière
-
-Café Lumière is a small made-up coffee house on Harbour Street in the town of Vellmar.
-Café Lumière opens at 7:15 in the morning every day and closes at 16:30.
-Its house speciality is a cardamom bun, and dogs are welcome on the terrace.
-"""
-
-FILLER_DOCS = {
-    "bicycle.md": "# Bicycle maintenance\n\nOil the chain every 300 kilometres. Check tyre pressure weekly; "
-    "a road tyre wants about 6 bar. Replace brake pads when the groove is gone.",
-    "tea.md": "# Brewing green tea\n\nUse water at about 80 degrees Celsius and steep for two minutes. "
-    "Boiling water makes green tea bitter.",
-    "library.rst": "Town library\n============\n\nThe Vellmar town library lends books for three weeks. "
-    "It is closed on Mondays and opens at 10:00 on other days.",
-    "trains.txt": "The regional train to the coast leaves from platform 2 every hour at twenty past. "
-    "Tickets are cheaper after 9:00 on weekdays.",
-}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
@@ -122,17 +104,6 @@ def settings(redis_url: str, home: Path) -> Settings:
     )
 
 
-def env_for(settings: Settings) -> dict[str, str]:
-    env = dict(os.environ)
-    for name, value in settings.model_dump().items():
-        # Lists travel as JSON, the way pydantic-settings reads them.
-        env[f"RAGLINE_{name.upper()}"] = json.dumps(value) if isinstance(value, list | dict) else str(value)
-    env["HF_HUB_OFFLINE"] = "1"
-    env["TOKENIZERS_PARALLELISM"] = "false"
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 @pytest.fixture(scope="session")
 def prepared_model(settings: Settings) -> Path:
     from workers.generation.model_prep import prepare_default_model
@@ -164,81 +135,20 @@ def test_index(settings: Settings, corpus: Path, embedder: object) -> str:
     return TEST_INDEX
 
 
-@dataclass
-class Proc:
-    name: str
-    cmd: list[str]
-    env: dict[str, str]
-    log: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        out = self.log.open("ab")
-        self.proc = subprocess.Popen(
-            self.cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-    def stop(self, timeout: float = 30) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-    def tail(self, n: int = 40) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-
-
-def _ragline(*args: str) -> list[str]:
-    return [sys.executable, "-m", "ragline", *args]
-
-
-def wait_for_workers(settings: Settings, queues: tuple[str, ...], procs: list[Proc], timeout: float) -> None:
-    from broker.keys import Keys
-
-    client = redis.Redis.from_url(settings.redis_url)
-    keys = Keys(settings.key_prefix)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for p in procs:
-            if p.proc is not None and p.proc.poll() is not None:
-                pytest.fail(f"{p.name} exited ({p.proc.returncode}):\n{p.tail()}")
-        since = time.time() - settings.worker_heartbeat_ttl_s
-        if all(client.zcount(keys.workers(q), since, "+inf") for q in queues):
-            return
-        time.sleep(0.2)
-    pytest.fail("workers did not become live in time:\n" + "\n\n".join(p.tail() for p in procs))
-
-
-@dataclass
-class Workers:
-    retrieval: Proc
-    generation: Proc
-    settings: Settings
-    metrics_ports: dict[str, int]
-
-
 @pytest.fixture(scope="session")
 def workers(
     settings: Settings, prepared_model: Path, test_index: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Workers]:
     logs = tmp_path_factory.mktemp("logs")
-    ports = {"retrieval": _free_port(), "generation": _free_port()}
+    ports = {"retrieval": free_port(), "generation": free_port()}
 
-    def env(kind: str) -> dict[str, str]:
-        return env_for(settings.model_copy(update={"worker_metrics_port": ports[kind]}))
+    def start(kind: str) -> Proc:
+        own = settings.model_copy(update={"worker_metrics_port": ports[kind]})
+        p = worker(kind, own, logs / f"{kind}.log")
+        p.start()
+        return p
 
-    retrieval = Proc(
-        "retrieval-worker", _ragline("worker", "retrieval"), env("retrieval"), logs / "retrieval.log"
-    )
-    generation = Proc(
-        "generation-worker", _ragline("worker", "generation"), env("generation"), logs / "generation.log"
-    )
-    retrieval.start()
-    generation.start()
+    retrieval, generation = start("retrieval"), start("generation")
     try:
         wait_for_workers(settings, ("retrieval", "generation"), [retrieval, generation], timeout=600)
         yield Workers(retrieval, generation, settings, ports)
@@ -253,7 +163,7 @@ def callbacks_worker(
 ) -> Iterator[Proc]:
     """The webhook delivery worker (light: no models), started by the tests that need it."""
     log = tmp_path_factory.mktemp("callbacks-logs") / "callbacks.log"
-    proc = Proc("callbacks-worker", _ragline("worker", "callbacks"), env_for(settings), log)
+    proc = worker("callbacks", settings, log)
     proc.start()
     try:
         wait_for_workers(settings, ("callbacks",), [proc], timeout=120)
@@ -262,40 +172,11 @@ def callbacks_worker(
         proc.stop()
 
 
-@dataclass
-class Api:
-    base: str
-    proc: Proc
-
-
-def start_api(settings: Settings, log: Path) -> Api:
-    """An API process on a free port, once /healthz answers."""
-    port = _free_port()
-    env = env_for(settings.model_copy(update={"api_port": port}))
-    proc = Proc("api", _ragline("api"), env, log)
-    proc.start()
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                return Api(base, proc)
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.stop()
-    pytest.fail("API did not start:\n" + proc.tail())
-
-
 @pytest.fixture(scope="session")
 def api(settings: Settings, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     started = start_api(settings, tmp_path_factory.mktemp("api-logs") / "api.log")
     yield started
     started.proc.stop()
-
-
-# Depth limits for the keyed APIs: far above what their tests reach by themselves, so a test can
-# push a queue over them by planting this many entries in kombu's unacked hash.
-AUTH_API_DEPTH_LIMIT = 20
 
 
 @pytest.fixture(scope="session")

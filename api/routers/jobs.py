@@ -6,7 +6,8 @@ from fastapi import APIRouter, Header, Request, Response
 
 from api.jobs import JobService
 from api.jobs_protocol import JobAccepted, JobRequest, JobView
-from api.protocol import ErrorBody
+from api.protocol import ErrorBody, json_body
+from api.routers.deps import DEADLINE, pipeline_of, validated
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 
@@ -14,6 +15,7 @@ _ERRORS = {
     400: {"model": ErrorBody},
     404: {"model": ErrorBody},
     409: {"model": ErrorBody},
+    413: {"model": ErrorBody},
     422: {"model": ErrorBody},
     503: {"model": ErrorBody},
 }
@@ -25,7 +27,7 @@ def _service(request: Request) -> JobService:
     state = request.app.state
     service = getattr(state, "job_service", None)
     if service is None:
-        service = state.job_service = JobService(state.settings, state.redis, state.query_service)
+        service = state.job_service = JobService(state.settings, state.redis, pipeline_of(request))
     return service
 
 
@@ -34,22 +36,27 @@ def _principal(request: Request) -> str:
     return getattr(request.state, "principal", "anonymous")
 
 
-@router.post("/jobs", status_code=202, response_model=JobAccepted, responses=_ERRORS)
+@router.post(
+    "/jobs",
+    status_code=202,
+    response_model=JobAccepted,
+    responses=_ERRORS,
+    openapi_extra=json_body(JobRequest),
+)
 async def create_job(
-    body: JobRequest,
     request: Request,
     response: Response,
     idempotency_key: str | None = Header(
         default=None, description="The same key within 24 h returns the same job instead of a new one."
     ),
+    deadline_ms: str | None = DEADLINE,
 ) -> JobAccepted:
     """Start a job; poll ``status_url`` or wait for the webhook."""
+    ctx = await validated(request, JobRequest, deadline_ms)
     accepted, replayed = await _service(request).submit(
-        request_id=request.state.request_id,
-        principal=_principal(request),
-        body=body,
-        idempotency_key=idempotency_key,
+        ctx, principal=_principal(request), idempotency_key=idempotency_key
     )
+    request.state.answered_as = ctx.answered_as
     response.headers["Location"] = accepted.status_url
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"

@@ -19,8 +19,7 @@ import redis
 from broker import apikeys
 from broker.keys import Keys
 from broker.settings import Settings
-from tests.api.test_query import parse_sse, pushed_queues
-from tests.conftest import AUTH_API_DEPTH_LIMIT, Api, env_for
+from tests.helpers import AUTH_API_DEPTH_LIMIT, Api, env_for, parse_sse, pushed_queues
 
 pytestmark = pytest.mark.integration
 

@@ -14,13 +14,11 @@ early exit is a retrieval worker's setting, and the source budget a generation w
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
@@ -29,23 +27,12 @@ import redis
 from broker.contract import Done, Timings
 from broker.keys import Keys
 from broker.settings import Settings
-from tests.api.test_query import parse_sse
-from tests.conftest import Api, Proc, _ragline, env_for, start_api, wait_for_workers
+from tests.helpers import parse_sse, redis_db_after, stack_on_db
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
 # What only the API knows, set on the worker's `done` by whoever answers.
 _API_TIMINGS = {"total_ms", "predicted_wait_ms"}
-
-
-def _contract_redis_url(base: str) -> str:
-    """Two databases after the session's (the next one is the durability tests'), unless
-    RAGLINE_TEST_CONTRACT_REDIS_URL names one."""
-    explicit = os.environ.get("RAGLINE_TEST_CONTRACT_REDIS_URL")
-    if explicit:
-        return explicit
-    parts = urlsplit(base)
-    return urlunsplit(parts._replace(path=f"/{int(parts.path.strip('/') or 0) + 2}"))
 
 
 @dataclass
@@ -89,41 +76,25 @@ class Stack:
 def stack(
     settings: Settings, prepared_model: Path, test_index: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    url = _contract_redis_url(settings.redis_url)
-    assert url != settings.redis_url
-    r = redis.Redis.from_url(url, socket_timeout=5)
-    r.flushdb()
-    s = settings.model_copy(
-        update={
-            "redis_url": url,
+    # Two databases after the session's (the next one is the durability tests').
+    url = redis_db_after(settings.redis_url, 2, "RAGLINE_TEST_CONTRACT_REDIS_URL")
+    with (
+        stack_on_db(
+            settings,
+            url,
+            ("retrieval", "generation"),
+            tmp_path_factory.mktemp("contract-logs"),
             # A café question's best source clears this; requests that must generate opt out.
-            "early_exit_score": 0.3,
+            early_exit_score=0.3,
             # Room for about one test document: of five sources, the lowest-scored are dropped.
-            "max_source_tokens": 120,
+            max_source_tokens=120,
             # Admission must not degrade the generated answers on a busy host.
-            "default_deadline_ms": 180_000,
-            "max_num_seqs": 4,
-        }
-    )
-    logs = tmp_path_factory.mktemp("contract-logs")
-    workers = [
-        Proc(f"{kind}-worker", _ragline("worker", kind), env_for(s), logs / f"{kind}.log")
-        for kind in ("retrieval", "generation")
-    ]
-    for p in workers:
-        p.start()
-    api: Api | None = None
-    try:
-        wait_for_workers(s, ("retrieval", "generation"), workers, timeout=600)
-        api = start_api(s, logs / "api.log")
-        with httpx.Client(base_url=api.base, timeout=300) as client:
-            yield Stack(s, client, r)
-    finally:
-        if api is not None:
-            api.proc.stop()
-        workers[1].stop(timeout=60)
-        workers[0].stop()
-        r.flushdb()
+            default_deadline_ms=180_000,
+            max_num_seqs=4,
+        ) as running,
+        httpx.Client(base_url=running.base, timeout=300) as client,
+    ):
+        yield Stack(running.settings, client, running.redis)
 
 
 def assert_carries_every_done_field(answer: dict[str, Any], worker: dict[str, Any], *, via: str) -> None:

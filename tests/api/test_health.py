@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import wait_for_workers
+from tests.helpers import wait_for_workers
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ from broker.keys import Keys
 from broker.redis_pool import sync_client
 from broker.settings import Settings
 from ragline.client import Client, NotFound
-from tests.conftest import FILLER_DOCS, Api
+from tests.helpers import FILLER_DOCS, Api
 
 pytestmark = pytest.mark.integration
 

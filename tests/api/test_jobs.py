@@ -17,8 +17,7 @@ from fastapi.testclient import TestClient
 
 from broker.keys import Keys
 from broker.settings import Settings
-from tests.api.test_query import parse_sse
-from tests.conftest import env_for
+from tests.helpers import env_for, parse_sse
 from tests.webhook_receiver import Receiver, documented_verify, running_receiver
 
 pytestmark = pytest.mark.integration

@@ -4,70 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import httpx
 import pytest
 import redis
 
 from broker.result_cache import _LOOKUP
+from tests.helpers import commands_seen, parse_sse, pushed_queues
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
-
-
-def parse_sse(lines: Iterator[str]) -> Iterator[tuple[str | None, str, dict]]:
-    event_id, event, data = None, None, []
-    for line in lines:
-        if not line:
-            if event is not None:
-                yield event_id, event, json.loads("\n".join(data))
-            event_id, event, data = None, None, []
-        elif line.startswith("id: "):
-            event_id = line[4:]
-        elif line.startswith("event: "):
-            event = line[7:]
-        elif line.startswith("data: "):
-            data.append(line[6:])
-
-
-@contextmanager
-def commands_seen(redis_url: str) -> Iterator[list[str]]:
-    """Record every command this test database receives, with Redis MONITOR."""
-    seen: list[str] = []
-    client = redis.Redis.from_url(redis_url)
-    ready = threading.Event()
-
-    db = client.connection_pool.connection_kwargs.get("db", 0)
-
-    def watch() -> None:
-        with client.monitor() as monitor:
-            ready.set()
-            for cmd in monitor.listen():
-                command = cmd["command"]
-                if "ragline-monitor-stop" in command:  # the sentinel: everything before it was seen
-                    return
-                if cmd.get("db") == db:  # MONITOR sees every database of the server
-                    seen.append(command)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    ready.wait(5)
-    try:
-        yield seen
-    finally:
-        client.get("ragline-monitor-stop")
-        thread.join(5)
-
-
-@contextmanager
-def pushed_queues(redis_url: str) -> Iterator[list[str]]:
-    """Record every queue that gets a message pushed."""
-    pushed: list[str] = []
-    with commands_seen(redis_url) as seen:
-        yield pushed
-    pushed += [c.split()[1] for c in seen if c.upper().startswith(("LPUSH", "RPUSH"))]
 
 
 def test_rag_query_answers_from_the_planted_fact_and_cites_it(

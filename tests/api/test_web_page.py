@@ -22,8 +22,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from broker import apikeys
 from broker.keys import Keys
 from broker.settings import Settings
-from tests.conftest import Api
-from tests.helpers import api_without_redis
+from tests.helpers import Api, api_without_redis
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = [

@@ -14,7 +14,7 @@ import redis
 from broker import apikeys
 from broker.keys import Keys
 from broker.settings import Settings
-from tests.conftest import Api
+from tests.helpers import Api
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 

@@ -12,8 +12,7 @@ import pytest
 from broker import webhooks
 from broker.keys import Keys
 from broker.settings import Settings
-from tests.conftest import env_for
-from tests.helpers import finished_job_record
+from tests.helpers import env_for, finished_job_record
 from tests.webhook_receiver import running_receiver
 
 pytestmark = pytest.mark.integration

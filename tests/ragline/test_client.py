@@ -35,8 +35,7 @@ from ragline.client import (
     Unauthorized,
     Unavailable,
 )
-from tests.conftest import Api
-from tests.helpers import api_without_redis
+from tests.helpers import Api, api_without_redis
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 

@@ -17,7 +17,7 @@ import pytest
 
 from broker.settings import DEV_WEBHOOK_SECRET, Settings
 from ragline import processes
-from tests.conftest import _free_port, env_for
+from tests.helpers import env_for, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +71,7 @@ def _command(how: str, settings: Settings) -> list[str]:
 
 @pytest.mark.parametrize("how", ["ragline-api", "uvicorn", "ragline-worker-callbacks", "celery-worker"])
 def test_refuses_the_development_webhook_secret(settings: Settings, how: str) -> None:
-    public = _public(settings).model_copy(update={"api_port": _free_port()})
+    public = _public(settings).model_copy(update={"api_port": free_port()})
     try:
         done = _run(_command(how, public), public, timeout=60)
     except subprocess.TimeoutExpired:
@@ -86,7 +86,7 @@ def test_refuses_the_development_webhook_secret(settings: Settings, how: str) ->
     [("ragline", "well-known default"), ("Change-Me", "well-known default"), ("short-pw", "shorter than 12")],
 )
 def test_flower_refuses_a_guessable_password(settings: Settings, password: str, why: str) -> None:
-    weak = settings.model_copy(update={"flower_password": password, "flower_port": _free_port()})
+    weak = settings.model_copy(update={"flower_password": password, "flower_port": free_port()})
     done = _run([*RAGLINE, "flower"], weak, timeout=60)
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert f"RAGLINE_FLOWER_PASSWORD {'is a ' if 'known' in why else 'is '}{why}" in done.stderr
@@ -101,14 +101,14 @@ def test_up_refuses_a_weak_secret_before_starting_anything(settings: Settings, t
 
 
 def test_dev_mode_starts_the_api_on_defaults(settings: Settings, tmp_path: Path) -> None:
-    dev = _public(settings).model_copy(update={"dev_mode": True, "api_port": _free_port()})
+    dev = _public(settings).model_copy(update={"dev_mode": True, "api_port": free_port()})
     with _started([*RAGLINE, "api"], dev, tmp_path / "api.log"):
         _wait_http(f"http://127.0.0.1:{dev.api_port}/healthz", tmp_path / "api.log")
 
 
 def test_flower_with_a_real_password_listens_on_loopback_only(settings: Settings, tmp_path: Path) -> None:
     real = settings.model_copy(
-        update={"flower_password": "a-real-flower-password", "flower_port": _free_port()}
+        update={"flower_password": "a-real-flower-password", "flower_port": free_port()}
     )
     log = tmp_path / "flower.log"
     with _started([*RAGLINE, "flower"], real, log) as flower:

@@ -26,7 +26,7 @@ from broker.backpressure import priority_lists
 from broker.keys import Keys
 from broker.queues import GENERATION_QUEUE
 from broker.settings import Settings
-from tests.conftest import _free_port, env_for
+from tests.helpers import env_for, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -114,10 +114,10 @@ def _home(settings: Settings, tmp_path: Path) -> Settings:
     (home / "models").symlink_to(settings.models_dir.resolve(), target_is_directory=True)
     return settings.model_copy(
         update={
-            "redis_url": f"redis://127.0.0.1:{_free_port()}/0",  # nothing listens: embedded Redis starts
+            "redis_url": f"redis://127.0.0.1:{free_port()}/0",  # nothing listens: embedded Redis starts
             "home": home,
-            "api_port": _free_port(),
-            "flower_port": _free_port(),
+            "api_port": free_port(),
+            "flower_port": free_port(),
             "max_num_seqs": 2,
         }
     )

@@ -20,8 +20,7 @@ from broker import jobs, ssrf, webhooks
 from broker.keys import Keys
 from broker.settings import Settings
 from ragline import processes
-from tests.conftest import _free_port, env_for
-from tests.helpers import finished_job_record
+from tests.helpers import env_for, finished_job_record, free_port
 from tests.webhook_receiver import Receiver, running_receiver, running_trickler
 
 PREFIX = "ragline-test-callbacks"
@@ -182,7 +181,7 @@ def test_a_saturated_resolver_defers_the_attempt(
 def test_the_worker_serves_metrics_on_loopback_only(settings: Settings, tmp_path: Path) -> None:
     """A real callbacks worker with RAGLINE_WORKER_METRICS_PORT set: /metrics answers (the pod's
     probes read it) and listens on 127.0.0.1 only unless RAGLINE_WORKER_METRICS_HOST says otherwise."""
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "callbacks.log"
     env = env_for(settings.model_copy(update={"worker_metrics_port": port}))
     env.pop("RAGLINE_WORKER_METRICS_HOST")  # the default

@@ -15,7 +15,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
@@ -23,23 +22,13 @@ import redis
 
 from broker.keys import Keys
 from broker.settings import Settings
-from tests.conftest import Proc, _free_port, _ragline, env_for, wait_for_workers
+from tests.helpers import Proc, redis_db_after, stack_on_db, wait_healthy
 from tests.webhook_receiver import Receiver, running_receiver
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
 LONG_TOKENS = 256
 VISIBILITY_TIMEOUT_S = 8
-
-
-def _alt_redis_url(base: str) -> str:
-    """The next database after the session's, unless RAGLINE_TEST_ALT_REDIS_URL names one."""
-    explicit = os.environ.get("RAGLINE_TEST_ALT_REDIS_URL")
-    if explicit:
-        return explicit
-    parts = urlsplit(base)
-    db = int(parts.path.strip("/") or 0)
-    return urlunsplit(parts._replace(path=f"/{db + 1}"))
 
 
 @dataclass
@@ -91,58 +80,26 @@ class Stack:
         )
 
 
-def _wait_healthy(base: str, proc: Proc) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    pytest.fail("API did not start:\n" + proc.tail())
-
-
 @pytest.fixture(scope="module")
 def stack(
     settings: Settings, prepared_model: Path, test_index: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    url = _alt_redis_url(settings.redis_url)
-    assert url != settings.redis_url
-    r = redis.Redis.from_url(url, socket_timeout=5)
-    r.flushdb()
-    port = _free_port()
-    s = settings.model_copy(
-        update={
-            "redis_url": url,
-            "api_port": port,
-            "visibility_timeout_s": VISIBILITY_TIMEOUT_S,
-            "max_new_tokens": LONG_TOKENS,
-            "min_new_tokens": LONG_TOKENS,
-            "max_num_seqs": 4,
-        }
-    )
-    env = env_for(s)
-    logs = tmp_path_factory.mktemp("durability-logs")
-    procs = {
-        kind: Proc(f"{kind}-worker", _ragline("worker", kind), env, logs / f"{kind}.log")
-        for kind in ("retrieval", "generation", "callbacks")
-    }
-    api = Proc("api", _ragline("api"), env, logs / "api.log")
-    for p in procs.values():
-        p.start()
-    api.start()
-    try:
-        wait_for_workers(s, tuple(procs), list(procs.values()), timeout=600)
-        base = f"http://127.0.0.1:{port}"
-        _wait_healthy(base, api)
-        with httpx.Client(base_url=base, timeout=30) as client:
-            yield Stack(s, client, r, api, procs["generation"])
-    finally:
-        api.stop()
-        procs["generation"].stop(timeout=60)
-        procs["retrieval"].stop()
-        procs["callbacks"].stop()
-        r.flushdb()
+    # The next database after the session's.
+    url = redis_db_after(settings.redis_url, 1, "RAGLINE_TEST_ALT_REDIS_URL")
+    with (
+        stack_on_db(
+            settings,
+            url,
+            ("retrieval", "generation", "callbacks"),
+            tmp_path_factory.mktemp("durability-logs"),
+            visibility_timeout_s=VISIBILITY_TIMEOUT_S,
+            max_new_tokens=LONG_TOKENS,
+            min_new_tokens=LONG_TOKENS,
+            max_num_seqs=4,
+        ) as running,
+        httpx.Client(base_url=running.base, timeout=30) as client,
+    ):
+        yield Stack(running.settings, client, running.redis, running.api, running.workers["generation"])
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +172,6 @@ def test_generation_worker_killed_mid_job_finishes_once(stack: Stack, receiver: 
     # The record lives in Redis: an API restart does not lose it.
     stack.api.stop()
     stack.api.start()
-    _wait_healthy(str(stack.client.base_url).rstrip("/"), stack.api)
+    wait_healthy(str(stack.client.base_url).rstrip("/"), stack.api)
     assert stack.job(job_id)["result"] == job["result"]
     assert stack.client.delete(f"/v1/jobs/{job_id}").status_code == 409

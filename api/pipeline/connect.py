@@ -1,0 +1,103 @@
+"""The pipeline's parts on a real Redis: the result cache, the task publisher, the event reader,
+the index registry, cancel flags, and the count of live retrieval workers (the coalescer keeps
+one batch in flight per worker)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import redis.asyncio as aioredis
+from celery import Celery
+
+from api.admission import Admission
+from api.pipeline import Pipeline
+from broker import indexes, liveness
+from broker.cancel import arequest_cancel
+from broker.contract import RetrieveRequest, RetrieveTask
+from broker.events import Event, read_events
+from broker.keys import Keys
+from broker.queues import RETRIEVAL_QUEUE, RETRIEVE_TASK
+from broker.result_cache import ResultCache
+from broker.settings import Settings
+from broker.task_push import QueuePusher, task_message
+
+_ENQUEUE_TIMEOUT_S = 5.0
+
+
+class RetrievalWorkers:
+    """Live retrieval workers (each takes one batch at a time), recounted about every second in
+    the background; the last count stands while Redis is slow."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, heartbeat_ttl_s: float) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._ttl_s = heartbeat_ttl_s
+        self._seen = (1, 0.0)  # (count, when counted)
+        self._recount: asyncio.Task[None] | None = None
+
+    def __call__(self) -> int:
+        count, counted_at = self._seen
+        if time.monotonic() - counted_at > 1.0 and (self._recount is None or self._recount.done()):
+            self._seen = (count, time.monotonic())
+            self._recount = asyncio.get_running_loop().create_task(self._count())
+        return count
+
+    async def _count(self) -> None:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(1.0):
+                counts = await liveness.live_counts(self._redis, self._keys, (RETRIEVAL_QUEUE,), self._ttl_s)
+            self._seen = (max(1, counts[RETRIEVAL_QUEUE]), time.monotonic())
+
+
+class Connected:
+    """A pipeline and what it holds open."""
+
+    def __init__(
+        self, settings: Settings, redis: aioredis.Redis, celery: Celery, admission: Admission
+    ) -> None:
+        keys = Keys(settings.key_prefix)
+        self._pusher = QueuePusher(settings.redis_url, timeout_s=_ENQUEUE_TIMEOUT_S)
+
+        def publish(items: list[RetrieveRequest]) -> asyncio.Future[None]:
+            message = task_message(
+                celery,
+                RETRIEVE_TASK,
+                RetrieveTask(requests=items).encode(),
+                queue=RETRIEVAL_QUEUE,
+                kwargsrepr=f"{{'requests': <{len(items)} queries>}}",
+            )
+            return self._pusher.push(RETRIEVAL_QUEUE, message)
+
+        def events(request_id: str, after: str) -> AsyncIterator[Event]:
+            return read_events(redis, keys, request_id, after=after, timeout_s=settings.request_timeout_s)
+
+        async def index_version(index: str) -> str | None:
+            info = await indexes.alookup(redis, keys, index)
+            return info.version if info is not None else None
+
+        async def cancel(request_id: str) -> None:
+            await arequest_cancel(redis, keys, request_id, ttl_s=settings.cancel_ttl_s)
+
+        self.pipeline = Pipeline(
+            settings,
+            admission,
+            cache=ResultCache(
+                redis,
+                keys,
+                ttl_s=settings.result_cache_ttl_s,
+                max_entries=settings.result_cache_max_entries,
+                single_flight_ttl_s=settings.single_flight_ttl_s,
+            ),
+            publish=publish,
+            read_events=events,
+            index_version=index_version,
+            cancel=cancel,
+            retrieval_workers=RetrievalWorkers(redis, keys, settings.worker_heartbeat_ttl_s),
+        )
+
+    async def aclose(self) -> None:
+        await self.pipeline.aclose()
+        await self._pusher.aclose()

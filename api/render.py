@@ -1,0 +1,82 @@
+"""How the query endpoints render the pipeline's outcome: one JSON answer, or server-sent events.
+
+The job endpoint renders a job record instead (:mod:`api.jobs`). A renderer decides nothing: the
+pipeline's steps have validated, looked up, admitted and enqueued the request; a renderer only
+turns the cached answer or the relayed events into its format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from api.errors import ApiError, api_error
+from api.pipeline import Pipeline, QueryContext, error_of
+from api.protocol import QueryResponse, StreamDone
+from api.sse import frame
+from broker.contract import Done, Error, Source, Sources, Token
+from broker.events import FINAL_EVENTS
+
+
+async def json_answer(pipeline: Pipeline, ctx: QueryContext[Any]) -> bytes:
+    """``POST /v1/query``: the whole answer as one JSON body."""
+    await pipeline.start(ctx)
+    if ctx.cached is not None:
+        return pipeline.cached_json(ctx)
+    sources: list[Source] = []
+    async with aclosing(pipeline.relay(ctx)) as events:
+        async for event in events:
+            payload = event.payload
+            if isinstance(payload, Sources):
+                sources = payload.sources
+            elif isinstance(payload, Error):
+                raise error_of(payload)
+            elif isinstance(payload, Done):
+                response = QueryResponse.from_done(payload, request_id=ctx.request_id, sources=sources)
+                return response.model_dump_json().encode()
+    raise ApiError(500, "failed", "the event stream ended without an answer")
+
+
+def sse_answer(
+    pipeline: Pipeline, ctx: QueryContext[Any], *, abort_on_disconnect: bool
+) -> AsyncIterator[bytes]:
+    """``POST /v1/query/stream``, once :meth:`Pipeline.start` has run: a cached answer replayed,
+    or the request's events as they come."""
+    if ctx.cached is not None:
+        return _replay(pipeline, ctx)
+    return sse_events(pipeline, ctx, abort_on_disconnect=abort_on_disconnect)
+
+
+async def _replay(pipeline: Pipeline, ctx: QueryContext[Any]) -> AsyncIterator[bytes]:
+    """A cached answer as a stream: its sources, the whole answer as one token, done."""
+    body = QueryResponse.model_validate_json(pipeline.cached_json(ctx))
+    yield frame(Sources.type, Sources(sources=body.sources).encode(), event_id="0-1")
+    if body.answer:
+        yield frame(Token.type, Token(text=body.answer).encode(), event_id="0-2")
+    done = StreamDone.from_done(body, request_id=ctx.request_id, cached=True)
+    yield frame(Done.type, done.encode(), event_id="0-3")
+
+
+async def sse_events(
+    pipeline: Pipeline, ctx: QueryContext[Any], *, after: str = "0-0", abort_on_disconnect: bool = False
+) -> AsyncIterator[bytes]:
+    """The request's events after ``after`` as SSE; a failure mid-stream (no answer in time,
+    Redis gone) ends it with an ``error`` event, never a stream cut short."""
+    finished = False
+    try:
+        async with aclosing(pipeline.relay(ctx, after=after)) as events:
+            async for event in events:
+                finished = event.type in FINAL_EVENTS
+                payload = event.payload
+                if isinstance(payload, Done):
+                    payload = StreamDone.from_done(payload, request_id=ctx.request_id)
+                yield frame(event.type, payload.encode(), event_id=event.id)
+    except Exception as exc:
+        error = api_error(exc)
+        yield frame(Error.type, Error(status=error.status, message=error.message).encode())
+    finally:
+        if not finished and abort_on_disconnect:
+            # The client went away mid-answer: stop spending the engine on it (the generation
+            # task sees the flag within ~100 ms and aborts the request in the engine).
+            pipeline.cancel_soon(ctx.request_id)
