@@ -8,7 +8,7 @@ from typing import Generic, Literal, TypeVar
 
 from api.admission import ADMIT, Decision
 from api.protocol import QueryRequest
-from broker.contract import Degradation
+from broker.contract import Degradation, MetadataFilter, RetrievalMode
 
 R = TypeVar("R", bound=QueryRequest)
 Mode = Literal["rag", "retrieval"]
@@ -29,6 +29,9 @@ class Query:
     ef_search: int | None
     nprobe: int | None
     allow_early_exit: bool
+    retrieval: RetrievalMode
+    filter: MetadataFilter | None
+    diversity: bool
 
 
 # What the cache key's digest is made of besides the normalised text, in the fields' order.

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import operator
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import asdict, replace
@@ -19,7 +18,7 @@ from api.pipeline.context import KEYED, CacheSlot, Query, QueryContext, R
 from api.pipeline.validate import deadline_s, parse_body, query_of
 from api.protocol import QueryRequest, QueryResponse
 from broker import metrics
-from broker.contract import Done, Error, RetrieveRequest, Sources
+from broker.contract import Done, Error, RetrieveRequest, Sources, filter_key
 from broker.events import Event, EventTimeout
 from broker.keys import Keys
 from broker.normalize import query_digest
@@ -31,7 +30,11 @@ _BACKGROUND_TIMEOUT_S = 5.0
 log = logging.getLogger(__name__)
 
 _NOT_DEGRADED = {"degraded": False, "degraded_reason": None, "notice": None}
-_keyed = operator.attrgetter(*KEYED)
+
+
+def _keyed(q: Query) -> tuple[object, ...]:
+    # A filter's key, not its repr: the same filter in another key order is the same answer.
+    return tuple(filter_key(q.filter) if name == "filter" else getattr(q, name) for name in KEYED)
 
 
 class ResultCache(Protocol):

@@ -65,6 +65,10 @@ def query_of(req: QueryRequest, s: Settings) -> Query:
         ef_search=_bounded("ef_search", req.ef_search, s.max_ef_search),
         nprobe=_bounded("nprobe", req.nprobe, s.max_nprobe),
         allow_early_exit=req.allow_early_exit,
+        # The server's default named, so that the cache key changes with the setting.
+        retrieval=req.retrieval or s.retrieval_mode,
+        filter=req.filter,
+        diversity=req.diversity,
     )
 
 

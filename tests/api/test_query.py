@@ -189,3 +189,17 @@ def test_disconnect_aborts_generation(api, workers, redis_url: str) -> None:
         assert time.monotonic() - closed < 5, "generation went on after the client left"
         time.sleep(0.05)
     assert last[0][1][b"type"] == b"error", last  # aborted, not finished
+
+
+def test_a_query_s_filter_and_retrieval_mode_reach_the_worker(client: httpx.Client) -> None:
+    ask = {"query": "When does the library open?", "mode": "retrieval", "top_k": 3}
+    only_tea = client.post("/v1/query", json={**ask, "filter": {"path": "tea.md"}})
+    assert only_tea.status_code == 200, only_tea.text
+    sources = only_tea.json()["sources"]
+    assert sources and all(s["source"].endswith("tea.md") for s in sources), sources
+    # The filter is part of the cache key: the same query unfiltered is a different answer.
+    unfiltered = client.post("/v1/query", json=ask).json()
+    assert unfiltered["cached"] is False and unfiltered["sources"][0]["source"].endswith("library.rst")
+    lexical = client.post("/v1/query", json={**ask, "retrieval": "lexical", "diversity": False})
+    assert lexical.status_code == 200 and lexical.json()["cached"] is False
+    assert client.post("/v1/query", json={**ask, "retrieval": "sparse"}).status_code == 422
