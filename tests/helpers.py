@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -356,3 +357,16 @@ def fill_to(client: redis.Redis, fraction: float) -> None:
             i += 1
     except redis.exceptions.OutOfMemoryError:
         pass
+
+
+def batch_retriever(settings: Settings, embedder: Any, **overrides: object) -> Any:
+    """A retrieval worker's BatchRetriever on ``settings`` (with ``overrides``), in this process."""
+    from workers.retrieval.batch import BatchRetriever
+    from workers.retrieval.embedding_cache import EmbeddingCache
+    from workers.retrieval.index_store import IndexCache
+
+    s = settings.model_copy(update=overrides)
+    client = redis.Redis.from_url(s.redis_url)
+    keys = Keys(s.key_prefix)
+    cache = EmbeddingCache(client, keys, model_id=embedder.model_id, dim=embedder.dim, ttl_s=60)
+    return BatchRetriever(s, embedder, cache, IndexCache(client, keys, ef_search=s.hnsw_ef_search))

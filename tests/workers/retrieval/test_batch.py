@@ -5,24 +5,12 @@ from __future__ import annotations
 import time
 
 import pytest
-import redis
 
 from broker.contract import Degradation, Done, Error, RetrieveRequest
-from broker.keys import Keys
 from broker.settings import Settings
-from workers.retrieval.batch import BatchRetriever
-from workers.retrieval.embedding_cache import EmbeddingCache
-from workers.retrieval.index_store import IndexCache
+from tests.helpers import batch_retriever
 
 pytestmark = pytest.mark.integration
-
-
-def _retriever(settings: Settings, embedder, **overrides: object) -> BatchRetriever:
-    s = settings.model_copy(update=overrides)
-    client = redis.Redis.from_url(s.redis_url)
-    keys = Keys(s.key_prefix)
-    cache = EmbeddingCache(client, keys, model_id=embedder.model_id, dim=embedder.dim, ttl_s=60)
-    return BatchRetriever(s, embedder, cache, IndexCache(client, keys, ef_search=s.hnsw_ef_search))
 
 
 BUSY = Degradation(degraded_reason="generation_busy", notice="busy")
@@ -34,7 +22,7 @@ def _request(rid: str, query: str, **extra: object) -> RetrieveRequest:
 
 
 def test_batch_answers_each_request(settings: Settings, embedder, test_index: str) -> None:
-    retriever = _retriever(settings, embedder)
+    retriever = batch_retriever(settings, embedder)
     result = retriever.run(
         [
             _request("a", "When does Café Lumière open?"),
@@ -62,10 +50,10 @@ def test_batch_answers_each_request(settings: Settings, embedder, test_index: st
 
 def test_early_exit_when_allowed_and_above_threshold(settings: Settings, embedder, test_index: str) -> None:
     q = "When does Café Lumière open in the morning?"
-    off = _retriever(settings, embedder)  # the default: always generate
+    off = batch_retriever(settings, embedder)  # the default: always generate
     assert len(off.run([_request("x", q)], picked_at=time.time()).to_generate) == 1
 
-    on = _retriever(settings, embedder, early_exit_score=0.3)
+    on = batch_retriever(settings, embedder, early_exit_score=0.3)
     result = on.run([_request("y", q), _request("z", q, allow_early_exit=False)], picked_at=time.time())
     done = [event for _rid, event in result.events if isinstance(event, Done)]
     assert len(done) == 1 and done[0].early_exit is True and "7:15" in (done[0].answer or "")
@@ -73,5 +61,5 @@ def test_early_exit_when_allowed_and_above_threshold(settings: Settings, embedde
     assert [(c.marker, c.title) for c in done[0].citations] == [(1, "Café Lumière")]
     assert [t.request_id for t in result.to_generate] == ["z"]
 
-    strict = _retriever(settings, embedder, early_exit_score=0.99)
+    strict = batch_retriever(settings, embedder, early_exit_score=0.99)
     assert len(strict.run([_request("w", q)], picked_at=time.time()).to_generate) == 1

@@ -12,6 +12,7 @@ import redis
 from broker.contract import PrefixMatch, RetrieveRequest, Source, Sources
 from broker.keys import Keys
 from broker.settings import Settings
+from tests.helpers import batch_retriever
 from workers.retrieval import index_store
 from workers.retrieval.batch import BatchRetriever
 from workers.retrieval.embedding_cache import EmbeddingCache
@@ -48,14 +49,6 @@ def hybrid_index(settings: Settings, embedder, tmp_path_factory: pytest.TempPath
     return INDEX
 
 
-def _retriever(settings: Settings, embedder, **overrides: object) -> BatchRetriever:
-    s = settings.model_copy(update=overrides)
-    client = redis.Redis.from_url(s.redis_url)
-    keys = Keys(s.key_prefix)
-    cache = EmbeddingCache(client, keys, model_id=embedder.model_id, dim=embedder.dim, ttl_s=60)
-    return BatchRetriever(s, embedder, cache, IndexCache(client, keys, ef_search=s.hnsw_ef_search))
-
-
 def _ask(retriever: BatchRetriever, *requests: dict) -> list[list[Source]]:
     batch = [
         RetrieveRequest(
@@ -71,7 +64,7 @@ def _ask(retriever: BatchRetriever, *requests: dict) -> list[list[Source]]:
 def test_modes_in_one_batch(settings: Settings, embedder, hybrid_index: str) -> None:
     q = "how do I run zqxflush_v2"
     dense, lexical, hybrid, default = _ask(
-        _retriever(settings, embedder),
+        batch_retriever(settings, embedder),
         {"query": q, "retrieval": "dense"},
         {"query": q, "retrieval": "lexical"},
         {"query": q, "retrieval": "hybrid"},
@@ -87,7 +80,7 @@ def test_modes_in_one_batch(settings: Settings, embedder, hybrid_index: str) -> 
 
 def test_diversity_caps_chunks_per_section_and_file(settings: Settings, embedder, hybrid_index: str) -> None:
     q = "how finely should I grind coffee beans for an espresso shot"
-    retriever = _retriever(settings, embedder, max_chunks_per_file=2)
+    retriever = batch_retriever(settings, embedder, max_chunks_per_file=2)
     [diverse, raw] = _ask(retriever, {"query": q}, {"query": q, "diversity": False})
     sections = [(s.source, s.anchor) for s in raw]
     assert len(sections) > len(set(sections))  # without diversity: one section several times
@@ -99,7 +92,7 @@ def test_diversity_caps_chunks_per_section_and_file(settings: Settings, embedder
 
 @pytest.mark.parametrize("mode", ["dense", "hybrid", "lexical"])
 def test_filters_stay_exact_in_count(settings: Settings, embedder, hybrid_index: str, mode: str) -> None:
-    retriever = _retriever(settings, embedder)
+    retriever = batch_retriever(settings, embedder)
     q = "espresso machine"
     coffee, french, team, none, few = _ask(
         retriever,
@@ -153,7 +146,7 @@ def test_the_reranking_stage_reorders_the_first_candidates(
     cache = EmbeddingCache(client, keys, model_id=embedder.model_id, dim=embedder.dim, ttl_s=60)
     retriever = BatchRetriever(s, embedder, cache, IndexCache(client, keys, ef_search=16), reranker=reranker)
     q = "espresso machine cleaning"
-    [plain] = _ask(_retriever(settings, embedder), {"query": q, "diversity": False, "top_k": 6})
+    [plain] = _ask(batch_retriever(settings, embedder), {"query": q, "diversity": False, "top_k": 6})
     [reranked] = _ask(retriever, {"query": q, "diversity": False, "top_k": 6})
     head = plain[:4]
     expected = sorted(
