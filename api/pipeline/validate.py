@@ -3,16 +3,13 @@ bounds, the deadline; each refusal a 4xx naming what is wrong."""
 
 from __future__ import annotations
 
-import re
-
 from pydantic import ValidationError
 
 from api.errors import ApiError, invalid
 from api.pipeline.context import Query, R
 from api.protocol import QueryRequest
+from broker import indexes
 from broker.settings import Settings
-
-_INDEX_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 def json_content(content_type: str | None) -> bool:
@@ -55,8 +52,8 @@ def query_of(req: QueryRequest, s: Settings) -> Query:
     if not 1 <= top_k <= s.max_top_k:
         raise _invalid(f"top_k must be between 1 and {s.max_top_k}, got {top_k}")
     index = req.index or s.default_index
-    if not _INDEX_NAME.match(index):
-        raise _invalid("index must match [A-Za-z0-9_.-]{1,64}")
+    if not indexes.valid_index_name(index):
+        raise _invalid(f"index must be {indexes.INDEX_NAME_RULE}")
     return Query(
         query=text,
         top_k=top_k,

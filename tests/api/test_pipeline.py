@@ -200,6 +200,7 @@ async def answered(p: Parts, body: dict[str, Any], *, request_id: str = "r1") ->
         (b'{"query": "ok", "top_k": 0}', None, 422, "top_k"),
         (b'{"query": "ok", "top_k": "5"}', None, 422, "top_k"),
         (b'{"query": "ok", "index": "../etc"}', None, 422, "index"),
+        (b'{"query": "ok", "index": ".."}', None, 422, "index"),
         (b'{"query": "ok", "ef_search": 100000}', None, 422, "ef_search"),
         (b'{"query": "ok", "colour": "red"}', None, 422, "colour"),
         (b"[]", None, 422, "body"),
