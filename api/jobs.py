@@ -9,7 +9,7 @@ import time
 
 import redis.asyncio as aioredis
 
-from api.errors import ApiError
+from api.errors import ApiError, unavailable
 from api.jobs_protocol import JobAccepted, JobRequest, JobView
 from api.pipeline import Pipeline, QueryContext
 from broker import jobs
@@ -17,7 +17,7 @@ from broker.cancel import arequest_cancel
 from broker.contract import ContractError
 from broker.keys import Keys
 from broker.settings import Settings
-from broker.ssrf import WebhookRefused, check_url
+from broker.ssrf import ResolverBusy, WebhookRefused, check_url
 
 _MAX_IDEMPOTENCY_KEY = 255
 log = logging.getLogger(__name__)
@@ -51,6 +51,8 @@ class JobService:
             await asyncio.to_thread(
                 check_url, url, allowlist=s.webhook_host_allowlist, timeout_s=s.webhook_dns_timeout_s
             )
+        except ResolverBusy as exc:  # ours to fix, not the URL's: the client may try again
+            raise unavailable(str(exc)) from None
         except WebhookRefused as exc:
             raise ApiError(422, "invalid_webhook_url", str(exc)) from None
         return url

@@ -306,3 +306,23 @@ def test_per_principal_secret_signs_the_webhook(
         r.delete(keys.webhook_secret("anonymous"))
     assert verify_signature("anon-own-secret", hook.headers, hook.body)
     assert not verify_signature(settings.webhook_secret, hook.headers, hook.body)
+
+
+def test_a_saturated_resolver_is_a_503_not_a_bad_url(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> None:
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from api import jobs as api_jobs
+    from api.errors import ApiError
+    from broker.ssrf import ResolverBusy
+
+    def saturated(*_: object, **__: object) -> None:
+        raise ResolverBusy("the DNS resolver is saturated")
+
+    monkeypatch.setattr(api_jobs, "check_url", saturated)  # the one narrow fake: a busy resolver
+    client = aioredis.Redis.from_url(redis_url)
+    service = api_jobs.JobService(Settings(), redis=client, pipeline=None)  # type: ignore[arg-type]
+    with pytest.raises(ApiError) as refused:
+        asyncio.run(service._check_webhook("https://example.com/hook"))
+    assert refused.value.status == 503 and "Retry-After" in refused.value.headers
