@@ -127,6 +127,7 @@ class JobService:
             # Nothing was enqueued: forget the job so that a retry with the same key enqueues it.
             await self._store.discard(job_id, idempotency=digest)
             raise
+        await self._pipeline.own(job_id, principal)  # its events stream by its id, to its owner only
         return _accepted(job_id, "queued"), False
 
     async def _owned(self, principal: str, job_id: str) -> dict[str, str]:

@@ -13,6 +13,10 @@ class Keys:
         """The per-request event stream (sources, token, done, error)."""
         return f"{self.prefix}:ev:{request_id}"
 
+    def stream_owner(self, request_id: str) -> str:
+        """Who may read a request's stream again (its caller's key id), as long as the stream lives."""
+        return f"{self.prefix}:own:{request_id}"
+
     @property
     def indexes(self) -> str:
         """Hash: index name -> JSON {version, path, chunks, dim}."""

@@ -81,6 +81,14 @@ class Connected:
         async def cancel(request_id: str) -> None:
             await arequest_cancel(redis, keys, request_id, ttl_s=settings.cancel_ttl_s)
 
+        class Owners:
+            async def record(self, request_id: str, owner: str) -> None:
+                await redis.set(keys.stream_owner(request_id), owner, ex=settings.event_stream_ttl_s)
+
+            async def owner_of(self, request_id: str) -> str | None:
+                owner = await redis.get(keys.stream_owner(request_id))
+                return owner.decode() if owner is not None else None
+
         self.pipeline = Pipeline(
             settings,
             admission,
@@ -95,6 +103,7 @@ class Connected:
             read_events=events,
             index_version=index_version,
             cancel=cancel,
+            owners=Owners(),
             retrieval_workers=RetrievalWorkers(redis, keys, settings.worker_heartbeat_ttl_s),
         )
 

@@ -55,6 +55,13 @@ IndexVersion = Callable[[str], Awaitable[str | None]]
 Cancel = Callable[[str], Awaitable[None]]
 
 
+class StreamOwners(Protocol):
+    """Who asked for each resumable stream: only they may read it again."""
+
+    async def record(self, request_id: str, owner: str) -> None: ...
+    async def owner_of(self, request_id: str) -> str | None: ...
+
+
 def _overloaded(decision: Decision) -> ApiError:
     return ApiError(503, "overloaded", decision.message, headers={"Retry-After": str(decision.retry_after_s)})
 
@@ -70,6 +77,7 @@ class Pipeline:
         read_events: ReadEvents,
         index_version: IndexVersion,
         cancel: Cancel,
+        owners: StreamOwners,
         retrieval_workers: Callable[[], int] = lambda: 1,
     ) -> None:
         self._settings = settings
@@ -78,6 +86,7 @@ class Pipeline:
         self._read_events = read_events
         self._index_version = index_version
         self._cancel = cancel
+        self._owners = owners
         self._keys = Keys(settings.key_prefix)
         self._background: set[asyncio.Task[object]] = set()
         self.coalescer: Coalescer[RetrieveRequest] = Coalescer(
@@ -230,8 +239,19 @@ class Pipeline:
             ctx.asked.mode, allow_degraded=ctx.request.allow_degraded, deadline_s=ctx.deadline_s
         )
 
-    def resumed(self, request_id: str) -> QueryContext[QueryRequest]:
-        """A context for reading an existing request's stream again (no query, no cache)."""
+    async def own(self, request_id: str, owner: str) -> None:
+        """Let ``owner`` (and only them) read this request's stream again by its id."""
+        try:
+            await self._owners.record(request_id, owner)
+        except Exception:
+            # The answer is on its way; only a later resume by this id is lost (it would 404).
+            log.warning("%s: could not record the stream's owner", request_id, exc_info=True)
+
+    async def resumed(self, request_id: str, owner: str) -> QueryContext[QueryRequest]:
+        """A context for reading an existing request's stream again (no query, no cache); 404 at
+        once for an id that is unknown, gone, or another caller's (the two look the same)."""
+        if await self._owners.owner_of(request_id) != owner:
+            raise ApiError(404, "not_found", f"no stream {request_id!r} of yours to resume")
         return QueryContext(request_id, request=None, query=None, deadline_s=0.0, source_id=request_id)
 
     def cached_json(self, ctx: QueryContext[Any]) -> bytes:

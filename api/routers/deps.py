@@ -19,6 +19,11 @@ def pipeline_of(request: Request) -> Pipeline:
     return request.app.state.pipeline
 
 
+def principal_of(request: Request) -> str:
+    """The caller's key id, as the door set it (``anonymous`` with keys off)."""
+    return getattr(request.state, "principal", "anonymous")
+
+
 async def validated(
     request: Request, model: type[R], deadline_ms: str | None, *, single_flight: bool = False
 ) -> QueryContext[R]:

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Header, Request, Response
 from api.jobs import JobService
 from api.jobs_protocol import JobAccepted, JobRequest, JobView
 from api.protocol import ErrorBody, json_body
-from api.routers.deps import DEADLINE, pipeline_of, validated
+from api.routers.deps import DEADLINE, pipeline_of, principal_of, validated
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 
@@ -31,11 +31,6 @@ def _service(request: Request) -> JobService:
     return service
 
 
-def _principal(request: Request) -> str:
-    # Set by API-key authentication when it is configured; everyone shares one scope otherwise.
-    return getattr(request.state, "principal", "anonymous")
-
-
 @router.post(
     "/jobs",
     status_code=202,
@@ -54,7 +49,7 @@ async def create_job(
     """Start a job; poll ``status_url`` or wait for the webhook."""
     ctx = await validated(request, JobRequest, deadline_ms)
     accepted, replayed = await _service(request).submit(
-        ctx, principal=_principal(request), idempotency_key=idempotency_key
+        ctx, principal=principal_of(request), idempotency_key=idempotency_key
     )
     request.state.answered_as = ctx.answered_as
     response.headers["Location"] = accepted.status_url
@@ -66,10 +61,10 @@ async def create_job(
 @router.get("/jobs/{job_id}", response_model=JobView, responses=_ERRORS)
 async def get_job(job_id: str, request: Request) -> JobView:
     """Status, timestamps, the result when done, and the webhook's delivery state."""
-    return await _service(request).get(_principal(request), job_id)
+    return await _service(request).get(principal_of(request), job_id)
 
 
 @router.delete("/jobs/{job_id}", response_model=JobView, responses=_ERRORS)
 async def cancel_job(job_id: str, request: Request) -> JobView:
     """Cancel a job that has not finished (a running generation is aborted); 409 when it has."""
-    return await _service(request).cancel(_principal(request), job_id)
+    return await _service(request).cancel(principal_of(request), job_id)

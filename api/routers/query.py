@@ -11,7 +11,7 @@ from fastapi.responses import Response, StreamingResponse
 from api.errors import ApiError
 from api.protocol import ErrorBody, QueryRequest, QueryResponse, json_body
 from api.render import json_answer, sse_answer, sse_events
-from api.routers.deps import DEADLINE, pipeline_of, validated
+from api.routers.deps import DEADLINE, pipeline_of, principal_of, validated
 
 router = APIRouter(prefix="/v1", tags=["query"])
 
@@ -50,6 +50,8 @@ async def query_stream(request: Request, deadline_ms: str | None = DEADLINE) -> 
     pipeline = pipeline_of(request)
     ctx = await validated(request, QueryRequest, deadline_ms)
     await pipeline.start(ctx)  # a refusal is an HTTP status, before the stream begins
+    if ctx.cached is None:  # a replayed cached answer has no stream to come back to
+        await pipeline.own(ctx.request_id, principal_of(request))
     request.state.answered_as = ctx.answered_as
     assert ctx.request is not None
     return StreamingResponse(
@@ -69,7 +71,7 @@ async def resume_stream(
         raise ApiError(422, "invalid_request", "bad request id or Last-Event-ID")
     pipeline = pipeline_of(request)
     return StreamingResponse(
-        sse_events(pipeline, pipeline.resumed(request_id), after=after),
+        sse_events(pipeline, await pipeline.resumed(request_id, principal_of(request)), after=after),
         media_type="text/event-stream",
         headers=_SSE_HEADERS,
     )

@@ -160,6 +160,9 @@ def test_jobs_are_scoped_to_their_principal(settings: Settings, test_index: str)
         assert c.get(f"/v1/jobs/{job_id}", headers=alice).status_code == 200
         assert c.get(f"/v1/jobs/{job_id}", headers=bob).status_code == 404
         assert c.delete(f"/v1/jobs/{job_id}", headers=bob).status_code == 404
+        # its events stream by its id to its owner only; another's and an unknown id: 404 at once
+        assert c.get(f"/v1/query/stream/{job_id}", headers=bob).status_code == 404
+        assert c.get(f"/v1/query/stream/{uuid.uuid4().hex}", headers=alice).status_code == 404
         # the same Idempotency-Key from two principals names two jobs
         key = {"Idempotency-Key": f"k-{uuid.uuid4()}"}
         a = c.post("/v1/jobs", json=body, headers={**alice, **key}).json()["job_id"]

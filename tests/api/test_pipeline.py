@@ -144,6 +144,17 @@ class FixedAdmission:
         self.past_retrieval.append(request_id)
 
 
+class FakeOwners:
+    def __init__(self) -> None:
+        self.owners: dict[str, str] = {}
+
+    async def record(self, request_id: str, owner: str) -> None:
+        self.owners[request_id] = owner
+
+    async def owner_of(self, request_id: str) -> str | None:
+        return self.owners.get(request_id)
+
+
 @dataclass
 class Parts:
     pipeline: Pipeline
@@ -172,6 +183,7 @@ def parts(decision: Decision = ADMIT) -> Parts:
         read_events=streams,
         index_version=index_version,
         cancel=cancel,
+        owners=FakeOwners(),
     )
     return Parts(pipeline, cache, queue, streams, admission, cancelled)
 
@@ -475,3 +487,17 @@ def test_the_json_answer_is_the_response_model() -> None:
     p.streams.answer("r1", early_exit=True, sources_dropped=2)
     answer = run(answered(p, {"query": "q"}))
     assert QueryResponse.model_validate(answer).early_exit is True and answer["sources_dropped"] == 2
+
+
+def test_a_stream_is_resumed_by_its_owner_only() -> None:
+    p = parts()
+
+    async def go() -> None:
+        await p.pipeline.own("r1", "key_a")
+        assert (await p.pipeline.resumed("r1", "key_a")).source_id == "r1"
+        for request_id, caller in (("r1", "key_b"), ("never-asked", "key_a")):
+            with pytest.raises(ApiError) as refused:
+                await p.pipeline.resumed(request_id, caller)
+            assert refused.value.status == 404  # another's and an unknown one look the same
+
+    asyncio.run(go())
