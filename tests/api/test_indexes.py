@@ -30,7 +30,8 @@ def test_indexes_show_what_ingest_recorded(api: Api, test_index: str, settings: 
     assert summary.version == detail.version == info.version
     assert summary.chunks == detail.chunks == info.chunks > 0
     folder = Path(info.path)
-    on_disk = sum(p.stat().st_size for p in folder.iterdir() if p.is_file() and p.name != "meta.json")
+    # Every file of the version: vectors, chunks and the lexical index's folder.
+    on_disk = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p.name != "meta.json")
     assert detail.bytes == on_disk > 0
     assert (detail.index_type, detail.dim) == ("hnsw", 384)
     # The version's meta.json carries them too: a worker re-registers from it after a Redis loss.
