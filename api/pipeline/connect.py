@@ -52,6 +52,22 @@ class RetrievalWorkers:
             self._seen = (max(1, counts[RETRIEVAL_QUEUE]), time.monotonic())
 
 
+class StreamOwners:
+    """Each resumable stream's owner, in Redis for as long as the stream itself lives."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, *, ttl_s: int) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._ttl_s = ttl_s
+
+    async def record(self, request_id: str, owner: str) -> None:
+        await self._redis.set(self._keys.stream_owner(request_id), owner, ex=self._ttl_s)
+
+    async def owner_of(self, request_id: str) -> str | None:
+        owner = await self._redis.get(self._keys.stream_owner(request_id))
+        return owner.decode() if owner is not None else None
+
+
 class Connected:
     """A pipeline and what it holds open."""
 
@@ -81,14 +97,6 @@ class Connected:
         async def cancel(request_id: str) -> None:
             await arequest_cancel(redis, keys, request_id, ttl_s=settings.cancel_ttl_s)
 
-        class Owners:
-            async def record(self, request_id: str, owner: str) -> None:
-                await redis.set(keys.stream_owner(request_id), owner, ex=settings.event_stream_ttl_s)
-
-            async def owner_of(self, request_id: str) -> str | None:
-                owner = await redis.get(keys.stream_owner(request_id))
-                return owner.decode() if owner is not None else None
-
         self.pipeline = Pipeline(
             settings,
             admission,
@@ -103,7 +111,7 @@ class Connected:
             read_events=events,
             index_version=index_version,
             cancel=cancel,
-            owners=Owners(),
+            owners=StreamOwners(redis, keys, ttl_s=settings.event_stream_ttl_s),
             retrieval_workers=RetrievalWorkers(redis, keys, settings.worker_heartbeat_ttl_s),
         )
 
