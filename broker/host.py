@@ -104,6 +104,15 @@ def core_list(cores: tuple[int, ...]) -> str:
     return ",".join(parts)
 
 
+def cores_in(cores: str) -> int:
+    """How many CPU ids a list such as ``0-3,8`` names (at least one)."""
+    count = 0
+    for part in filter(None, (p.strip() for p in cores.split(","))):
+        first, _, last = part.partition("-")
+        count += int(last or first) - int(first) + 1
+    return max(1, count)
+
+
 @dataclass(frozen=True, slots=True)
 class Choice:
     value: object
