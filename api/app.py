@@ -19,7 +19,7 @@ from broker.backpressure import BackpressureMonitor
 from broker.celery_app import create_celery
 from broker.keys import Keys
 from broker.queues import QUEUES
-from broker.ratelimit import Door, Limits
+from broker.ratelimit import Door
 from broker.redis_pool import async_client
 from broker.secret_policy import refuse_defaults
 from broker.settings import Settings, get_settings
@@ -54,20 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         app.state.monitor.start()
         app.state.admission = Admission(api, app.state.monitor)
-        app.state.access = Access(
-            Door(
-                app.state.redis,
-                keys,
-                Limits(
-                    key_rate=api.key_rate_per_s,
-                    key_burst=api.key_burst,
-                    global_rate=api.global_rate_per_s,
-                    global_burst=api.global_burst,
-                ),
-                auth=api.auth_enabled,
-                rate_limit=api.rate_limit_enabled,
-            )
-        )
+        app.state.access = Access(Door.of(app.state.redis, keys, api))
         connected = Connected(settings, app.state.redis, create_celery(settings.redis), app.state.admission)
         app.state.pipeline = connected.pipeline
         # Everything built so far lives as long as the process: out of the collector's sight, a
