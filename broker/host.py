@@ -1,6 +1,7 @@
 """What this host offers a process, and the defaults that follow from it.
 
-Settings left unset (``None``) are filled from here when a :class:`~broker.settings.Settings` is
+Settings left unset (empty or 0) are filled from here when the settings group that owns them
+(:class:`~broker.settings.GenerationSettings`, :class:`~broker.settings.RetrievalSettings`) is
 built, so every process sizes itself from the cores it may use (``os.sched_getaffinity``: a
 container's or a ``taskset``'s share, not the machine's), its memory and its CPU's features,
 and not from the box the project was developed on. Each value filled in keeps its reason, and
