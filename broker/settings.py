@@ -381,7 +381,8 @@ class Settings(BaseSettings):
         "webhooks": WebhookSettings,
         "flower": FlowerSettings,
     }
-    SHARED: ClassVar[tuple[str, ...]] = ("home", "dev_mode")
+    # The fields of no group (home, dev_mode, ...): set below, from the fields themselves.
+    SHARED: ClassVar[tuple[str, ...]] = ()
 
     @property
     def models_dir(self) -> Path:
@@ -432,6 +433,9 @@ class Settings(BaseSettings):
             f"{ENV_PREFIX}{name.upper()}": json.dumps(value) if isinstance(value, list | dict) else str(value)
             for name, value in flat.items()
         }
+
+
+Settings.SHARED = tuple(name for name in Settings.model_fields if name not in Settings.GROUPS)
 
 
 def owner(name: str) -> str:
