@@ -267,6 +267,20 @@ class Settings(BaseSettings):
     # A default that refuses to start outside dev_mode; `ragline up` generates one on first start.
     flower_password: str = "ragline"
 
+    # -- documents over HTTP (issue 22: documents) ---------------------------------------------
+    # One POST /v1/indexes/{name}/documents: its whole body (multipart or JSON; 413 past it) and
+    # how many documents it may carry (422 past it). Uploads are staged on disk, never in Redis.
+    upload_max_bytes: int = 32 * 1024 * 1024
+    upload_max_documents: int = 100
+    # Staged uploads left behind (an API that died between staging and enqueueing) are removed by
+    # the ingest worker once this old.
+    upload_staging_ttl_s: int = 24 * 3600
+    # One ingest per index at a time: the lock's TTL, renewed as the ingest progresses, bounds
+    # only how long a dead worker's lock holds up the next ingest.
+    ingest_lock_ttl_s: int = 120
+    # GET /v1/indexes/{name}/documents: the most ids one page may ask for.
+    documents_page_max: int = 1000
+
     # Which settings were filled from the host, and why (see host_defaults_line).
     _from_host: dict[str, host.Choice] = PrivateAttr(default_factory=dict)
 
@@ -313,6 +327,12 @@ class Settings(BaseSettings):
     @property
     def indexes_dir(self) -> Path:
         return self.home / "indexes"
+
+    @property
+    def uploads_dir(self) -> Path:
+        """Uploaded documents, staged for the ingest worker (a folder per job): beside the indexes,
+        on the volume the API and the workers share."""
+        return self.home / "uploads"
 
     @property
     def flower_basic_auth(self) -> str:

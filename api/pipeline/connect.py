@@ -75,6 +75,7 @@ class Connected:
         self, settings: Settings, redis: aioredis.Redis, celery: Celery, admission: Admission
     ) -> None:
         keys = Keys(settings.key_prefix)
+        self._celery = celery
         self._pusher = QueuePusher(settings.redis_url, timeout_s=_ENQUEUE_TIMEOUT_S)
 
         def publish(items: list[RetrieveRequest]) -> asyncio.Future[None]:
@@ -113,6 +114,12 @@ class Connected:
             cancel=cancel,
             owners=StreamOwners(redis, keys, ttl_s=settings.event_stream_ttl_s),
             retrieval_workers=RetrievalWorkers(redis, keys, settings.worker_heartbeat_ttl_s),
+        )
+
+    async def send(self, queue: str, task: str, kwargs: dict[str, object], *, kwargsrepr: str) -> None:
+        """Enqueue one task of another kind than a query's (an ingest, say), bounded like theirs."""
+        await self._pusher.push(
+            queue, task_message(self._celery, task, kwargs, queue=queue, kwargsrepr=kwargsrepr)
         )
 
     async def aclose(self) -> None:

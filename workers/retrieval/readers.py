@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 
+from broker.contract import DOCUMENT_SUFFIXES
+
 TITLE_SEPARATOR = " › "
 
 
@@ -56,7 +58,7 @@ class Document:
     meta: dict[str, str] = field(default_factory=dict)
 
 
-SUPPORTED_SUFFIXES: tuple[str, ...] = (".txt", ".md", ".rst", ".rst.txt", ".html", ".htm")
+SUPPORTED_SUFFIXES: tuple[str, ...] = DOCUMENT_SUFFIXES
 
 
 def is_supported(path: Path) -> bool:
