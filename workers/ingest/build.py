@@ -146,7 +146,8 @@ def next_version(
     info = record_counts(info, chunks)
     entries = catalog(chunks)
     documents.write(client, keys, index, info.version, entries)
-    _swap(settings, client, keys, info, previous, report)
+    done = IngestProgress(phase="registering", chunks_embedded=len(to_embed), chunks_total=len(to_embed))
+    _swap(settings, client, keys, info, previous, report, done)
     replaced = len(present & change.drop)
     return IngestResult(
         index=index,
@@ -167,11 +168,11 @@ def _swap(
     info: IndexInfo,
     previous: IndexInfo | None,
     report: Report,
+    progress: IngestProgress,
 ) -> None:
     """Register ``info`` in place of ``previous``: the moment queries move to it. Undone (its
     files removed, CURRENT put back) when the job was cancelled or the index changed meanwhile."""
     expected = previous.version if previous else None
-    progress = IngestProgress(phase="registering", chunks_embedded=0, chunks_total=0)
     if not report(progress):
         _undo(settings, client, keys, info, expected)
         raise IngestCancelled
