@@ -1,4 +1,4 @@
-"""Read .txt, .md, .rst and .html documents into titled sections of blocks (stdlib only).
+"""Read .txt, .md, .rst and .html documents into titled sections of blocks (stdlib parsers).
 
 A section is what one heading covers, with the path of headings above it ("Simple statements",
 "The global statement") and the anchor a browser would jump to. Its text is a list of blocks:
