@@ -223,10 +223,14 @@ def test_json_documents_join_the_next_version_and_the_old_one_answers_until_the_
         {"id": "lighthouse", "text": LIGHTHOUSE, "format": "md", "metadata": {"topic": "sights"}},
         *filler,
     ]
-    samples: list[tuple[str, bool, str, str | None]] = []  # (version, cached, job status after, phase)
+    # Each answer during the ingest: (from the new version, cached, the job's status after, its
+    # phase). A cached answer names no version, so its sources tell: only the new version has
+    # the lighthouse.
+    samples: list[tuple[bool, bool, str, str | None]] = []
     with Client(stack.base, api_key=stack.admin) as rl:
         before, _ = _ask(rl, question)
         assert before.index_version == old
+        assert all(s.source != "lighthouse" for s in before.sources)
         _, again = _ask(rl, question)
         assert again.cached, "the second ask of the old version is a cache hit"
         started = rl.upload(INDEX, documents=docs, wait=False)
@@ -235,7 +239,8 @@ def test_json_documents_join_the_next_version_and_the_old_one_answers_until_the_
             sources, done = _ask(rl, question)
             job = rl.job(started.job_id)
             phase = job.progress.phase if job.progress else None
-            samples.append((sources.index_version or "", done.cached, job.status, phase))
+            newer = sources.sources[0].source == "lighthouse"
+            samples.append((newer, done.cached, job.status, phase))
             if job.status in ("done", "failed"):
                 break
             assert time.monotonic() < deadline, job
@@ -243,21 +248,24 @@ def test_json_documents_join_the_next_version_and_the_old_one_answers_until_the_
         new = job.result.version  # type: ignore[union-attr]
         after, after_done = _ask(rl, question)
     assert new != old
-    # Answered before the swap: the old version (a cache hit); once an answer came from the new
-    # version, no later one came from the old.
+    # Answered before the swap (the job still short of registering when the answer was back):
+    # the old version, from its cache entry.
     before_swap = [s for s in samples if s[2] in ("queued", "ingesting") and s[3] != "registering"]
-    assert all(s[0] == old for s in before_swap), samples
+    assert before_swap and not any(s[0] for s in before_swap), samples
+    assert all(s[1] for s in before_swap), samples
     assert any(s[2] == "ingesting" and s[3] == "embedding" for s in before_swap), (
         f"no query was answered while the ingest embedded: {samples}"
     )
-    versions = [s[0] for s in samples]
-    assert versions == sorted(versions, key=lambda v: v == new), samples
-    # The new version's first answer was computed, not the old version's cache entry.
-    first_new = next((s for s in samples if s[0] == new), None)
+    # Once an answer came from the new version, none came from the old: the old version's cache
+    # entry was never served after the swap, and the new version's first answer was computed.
+    flags = [s[0] for s in samples]
+    assert flags == sorted(flags), samples
+    first_new = next((s for s in samples if s[0]), None)
     assert first_new is None or not first_new[1], samples
-    assert after.index_version == new
+    assert after.index_version in (new, None, "")
     assert after.sources[0].source == "lighthouse", after.sources
     assert after.sources[0].title == "The Vellmar lighthouse"
+    assert after_done.cached == (first_new is not None)  # the new version's own entry, if made
     # Only the new documents were embedded; the old ones' vectors were reused.
     result = job.result
     assert result is not None
@@ -265,7 +273,6 @@ def test_json_documents_join_the_next_version_and_the_old_one_answers_until_the_
     assert result.embedded == result.chunks - result.reused
     assert result.documents == 5 + len(docs)
     assert job.progress is not None and job.progress.chunks_embedded == result.embedded
-    assert after_done.cached  # the new version's own entry, from the loop's last ask
 
 
 def test_a_deleted_document_is_gone_from_the_next_version(stack: Keyed, first_version: JobView) -> None:
