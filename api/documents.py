@@ -33,7 +33,7 @@ from broker import apikeys, documents, indexes, jobs
 from broker.contract import DOCUMENT_SUFFIXES, IngestOperation, IngestTask, StagedDocument, UploadManifest
 from broker.indexes import IndexInfo
 from broker.keys import Keys
-from broker.settings import Settings
+from broker.settings import ApiSettings, JobSettings, RedisSettings, WebhookSettings
 
 _MAX_ID_CHARS = 256
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -92,12 +92,24 @@ def check_write(scopes: tuple[str, ...], index: str) -> None:
 
 
 class DocumentService:
-    def __init__(self, settings: Settings, redis: aioredis.Redis, send: Send) -> None:
+    def __init__(
+        self,
+        settings: ApiSettings,
+        webhooks: WebhookSettings,
+        redis_settings: RedisSettings,
+        job_settings: JobSettings,
+        *,
+        uploads_dir: Path,
+        redis: aioredis.Redis,
+        send: Send,
+    ) -> None:
         self._settings = settings
+        self._webhooks = webhooks
+        self._uploads_dir = uploads_dir
         self._redis = redis
         self._send = send
-        self._keys = Keys(settings.key_prefix)
-        self._store = jobs.AsyncJobStore(redis, settings)
+        self._keys = Keys(redis_settings.key_prefix)
+        self._store = jobs.AsyncJobStore(redis, redis_settings, job_settings)
 
     # -- reading an upload -----------------------------------------------------------------
 
@@ -163,9 +175,9 @@ class DocumentService:
         self, index: str, found: list[Incoming], *, principal: str, webhook_url: str | None
     ) -> JobAccepted:
         """Stage ``found`` and start the job that adds (or replaces) them."""
-        webhook = await checked_webhook(self._settings, webhook_url) if webhook_url else None
+        webhook = await checked_webhook(self._webhooks, webhook_url) if webhook_url else None
         job_id = uuid.uuid4().hex
-        root = self._settings.uploads_dir
+        root = self._uploads_dir
         await asyncio.to_thread(_stage, root, job_id, found)
         try:
             return await self._start(

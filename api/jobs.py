@@ -16,7 +16,7 @@ from broker import jobs
 from broker.cancel import arequest_cancel
 from broker.contract import ContractError
 from broker.keys import Keys
-from broker.settings import Settings
+from broker.settings import JobSettings, RedisSettings, WebhookSettings
 from broker.ssrf import ResolverBusy, WebhookRefused, check_url
 
 _MAX_IDEMPOTENCY_KEY = 255
@@ -36,7 +36,7 @@ def _accepted(job_id: str, status: str) -> JobAccepted:
     return JobAccepted(job_id=job_id, status=status, status_url=status_url(job_id))  # type: ignore[arg-type]
 
 
-async def checked_webhook(s: Settings, url: str) -> str:
+async def checked_webhook(s: WebhookSettings, url: str) -> str:
     """``url`` when a job may deliver to it, else 422 saying why (503 when DNS is saturated)."""
     try:
         # getaddrinfo blocks: off the event loop, and bounded by the guard itself.
@@ -51,15 +51,23 @@ async def checked_webhook(s: Settings, url: str) -> str:
 
 
 class JobService:
-    def __init__(self, settings: Settings, redis: aioredis.Redis, pipeline: Pipeline) -> None:
+    def __init__(
+        self,
+        settings: JobSettings,
+        webhooks: WebhookSettings,
+        redis_settings: RedisSettings,
+        redis: aioredis.Redis,
+        pipeline: Pipeline,
+    ) -> None:
         self._settings = settings
+        self._webhooks = webhooks
         self._redis = redis
         self._pipeline = pipeline
-        self._keys = Keys(settings.key_prefix)
-        self._store = jobs.AsyncJobStore(redis, settings)
+        self._keys = Keys(redis_settings.key_prefix)
+        self._store = jobs.AsyncJobStore(redis, redis_settings, settings)
 
     async def _check_webhook(self, url: str) -> str:
-        return await checked_webhook(self._settings, url)
+        return await checked_webhook(self._webhooks, url)
 
     def _check_metadata(self, metadata: dict[str, object] | None) -> None:
         if metadata is None:

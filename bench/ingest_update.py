@@ -19,7 +19,7 @@ import redis
 
 from broker.contract import IngestProgress
 from broker.keys import Keys
-from broker.settings import Settings
+from broker.settings import RetrievalSettings, Settings
 from workers.ingest import build
 from workers.retrieval.chunking import chunk_sections
 from workers.retrieval.embedder import Embedder
@@ -31,7 +31,7 @@ def _document(i: int) -> str:
     return f"# Note {i}\n\nSection about topic {i}. {words}\n"
 
 
-def _change(settings: Settings, folder: Path, ids: range) -> build.Change:
+def _change(settings: RetrievalSettings, folder: Path, ids: range) -> build.Change:
     chunks = []
     for i in ids:
         path = folder / f"note-{i:04d}.md"
@@ -55,13 +55,14 @@ def main() -> None:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as home:
-        settings = Settings(
+        settings = Settings().replace(
             redis_url=args.redis_url,
             home=Path(home),
             key_prefix=f"bench-ingest-{uuid.uuid4().hex[:6]}",
         )
-        client, keys = redis.Redis.from_url(settings.redis_url), Keys(settings.key_prefix)
-        embedder = Embedder(settings)
+        prefix = settings.redis.key_prefix
+        client, keys = redis.Redis.from_url(settings.redis.redis_url), Keys(prefix)
+        embedder = Embedder(settings.retrieval)
         embedder.encode(["warm up"])
         folder = Path(home) / "docs"
         folder.mkdir()
@@ -77,7 +78,7 @@ def main() -> None:
                 keys,
                 embedder,
                 index="a",
-                change=_change(settings, folder, range(n)),
+                change=_change(settings.retrieval, folder, range(n)),
                 report=report,
             )
             started = time.perf_counter()
@@ -87,7 +88,7 @@ def main() -> None:
                 keys,
                 embedder,
                 index="a",
-                change=_change(settings, folder, range(n, n + 1)),
+                change=_change(settings.retrieval, folder, range(n, n + 1)),
                 report=report,
             )
             reuse_s = time.perf_counter() - started
@@ -96,15 +97,15 @@ def main() -> None:
             whole = build.next_version(
                 settings,
                 client,
-                Keys(settings.key_prefix + "-b"),
+                Keys(prefix + "-b"),
                 embedder,
                 index="b",
-                change=_change(settings, folder, range(n + 1)),
+                change=_change(settings.retrieval, folder, range(n + 1)),
                 report=report,
             )
             whole_s = time.perf_counter() - started
         finally:
-            for key in client.scan_iter(f"{settings.key_prefix}*"):
+            for key in client.scan_iter(f"{prefix}*"):
                 client.delete(key)
     print(
         f"index of {first.chunks} chunks ({n} documents), one document added ({added.embedded} new chunks):"

@@ -9,7 +9,7 @@ from api.errors import ApiError, invalid
 from api.pipeline.context import Query, R
 from api.protocol import QueryRequest
 from broker import indexes
-from broker.settings import Settings
+from broker.settings import ApiSettings, RetrievalSettings
 
 
 def json_content(content_type: str | None) -> bool:
@@ -40,7 +40,7 @@ def _bounded(name: str, value: int | None, upper: int) -> int | None:
     return value
 
 
-def query_of(req: QueryRequest, s: Settings) -> Query:
+def query_of(req: QueryRequest, s: ApiSettings, retrieval: RetrievalSettings) -> Query:
     """The request's query with the server's defaults filled in, within the server's bounds."""
     text = req.query.strip()
     if not text:
@@ -51,7 +51,7 @@ def query_of(req: QueryRequest, s: Settings) -> Query:
     top_k = s.default_top_k if req.top_k is None else req.top_k
     if not 1 <= top_k <= s.max_top_k:
         raise _invalid(f"top_k must be between 1 and {s.max_top_k}, got {top_k}")
-    index = req.index or s.default_index
+    index = req.index or retrieval.default_index
     if not indexes.valid_index_name(index):
         raise _invalid(f"index must be {indexes.INDEX_NAME_RULE}")
     return Query(
@@ -59,17 +59,17 @@ def query_of(req: QueryRequest, s: Settings) -> Query:
         top_k=top_k,
         mode=req.mode,
         index=index,
-        ef_search=_bounded("ef_search", req.ef_search, s.max_ef_search),
-        nprobe=_bounded("nprobe", req.nprobe, s.max_nprobe),
+        ef_search=_bounded("ef_search", req.ef_search, retrieval.max_ef_search),
+        nprobe=_bounded("nprobe", req.nprobe, retrieval.max_nprobe),
         allow_early_exit=req.allow_early_exit,
         # The server's default named, so that the cache key changes with the setting.
-        retrieval=req.retrieval or s.retrieval_mode,
+        retrieval=req.retrieval or retrieval.retrieval_mode,
         filter=req.filter,
         diversity=req.diversity,
     )
 
 
-def deadline_s(header: str | None, s: Settings) -> float:
+def deadline_s(header: str | None, s: ApiSettings) -> float:
     """The request's deadline: ``X-Request-Deadline-Ms`` (one positive integer) or the default,
     within the configured bounds. The one place a deadline is clamped."""
     ms = s.default_deadline_ms

@@ -42,7 +42,16 @@ def _service(request: Request) -> DocumentService:
     state = request.app.state
     service = getattr(state, "document_service", None)
     if service is None:
-        service = state.document_service = DocumentService(state.settings, state.redis, state.connected.send)
+        s = state.settings
+        service = state.document_service = DocumentService(
+            s.api,
+            s.webhooks,
+            s.redis,
+            s.jobs,
+            uploads_dir=s.uploads_dir,
+            redis=state.redis,
+            send=state.connected.send,
+        )
     return service
 
 
@@ -71,7 +80,7 @@ async def upload_documents(name: str, request: Request, response: Response) -> J
     service = _service(request)
     kind = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
     if kind == "multipart/form-data":
-        limit = request.app.state.settings.upload_max_documents
+        limit = request.app.state.settings.api.upload_max_documents
         async with request.form(max_files=limit + 1, max_fields=limit + 16) as form:
             found, webhook = service.from_form(form)
             accepted = await service.upload(name, found, principal=principal_of(request), webhook_url=webhook)

@@ -26,7 +26,11 @@ pytestmark = pytest.mark.integration
 
 def _key(settings: Settings, *, rate: float | None = 1000, burst: int | None = 1000) -> tuple[str, str]:
     key, record = apikeys.create(
-        redis.Redis.from_url(settings.redis_url), Keys(settings.key_prefix), "test", rate=rate, burst=burst
+        redis.Redis.from_url(settings.redis.redis_url),
+        Keys(settings.redis.key_prefix),
+        "test",
+        rate=rate,
+        burst=burst,
     )
     return key, record.id
 
@@ -35,7 +39,7 @@ def _key(settings: Settings, *, rate: float | None = 1000, burst: int | None = 1
 def planted_load(settings: Settings, queue: str, n: int = AUTH_API_DEPTH_LIMIT) -> Iterator[None]:
     """Make ``queue`` look ``n`` tasks deep to the monitor: entries in kombu's unacked hash, in its
     own format, that no worker owns (nothing restores them: they are not in unacked_index)."""
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis.Redis.from_url(settings.redis.redis_url)
     tags = [f"planted-{uuid.uuid4().hex}" for _ in range(n)]
     client.hset("unacked", mapping={t: json.dumps([{}, queue, queue]) for t in tags})
     try:
@@ -58,7 +62,7 @@ def test_keys_are_required_except_on_probes_metrics_and_docs(
 
     key, key_id = _key(settings)
     body = {"query": "x", "index": "no-such-index"}
-    with pushed_queues(settings.redis_url) as pushed:
+    with pushed_queues(settings.redis.redis_url) as pushed:
         missing = httpx.post(base + "/v1/query", json=body, timeout=10)
         wrong = httpx.post(base + "/v1/query", json=body, headers={"X-API-Key": "rl_guess"}, timeout=10)
         basic = httpx.post(base + "/v1/query", json=body, headers={"Authorization": "Basic eDp5"}, timeout=10)
@@ -88,7 +92,7 @@ def test_keys_are_required_except_on_probes_metrics_and_docs(
 def test_token_bucket_holds_across_two_api_processes(auth_apis: list[Api], settings: Settings) -> None:
     key, _ = _key(settings, rate=0.05, burst=5)  # 5 now, then one per 20 s
     body = {"query": "x", "index": "no-such-index"}
-    with pushed_queues(settings.redis_url) as pushed:
+    with pushed_queues(settings.redis.redis_url) as pushed:
         replies = [
             httpx.post(auth_apis[i % 2].base + "/v1/query", json=body, headers={"X-API-Key": key}, timeout=10)
             for i in range(10)
@@ -112,7 +116,7 @@ def test_overload_refuses_with_retry_after_and_touches_no_queue(
 ) -> None:
     base = auth_apis[0].base
     headers = {"X-API-Key": _key(settings)[0]}
-    with planted_load(settings, "retrieval"), pushed_queues(settings.redis_url) as pushed:
+    with planted_load(settings, "retrieval"), pushed_queues(settings.redis.redis_url) as pushed:
         replies = [
             httpx.post(
                 base + "/v1/query", json={"query": f"overload {uuid.uuid4()}"}, headers=headers, timeout=30
@@ -147,7 +151,7 @@ def test_busy_generation_degrades_to_retrieval_only(
     base = auth_apis[1].base
     headers = {"X-API-Key": _key(settings)[0]}
     query = "When does Café Lumière open? (degraded)"
-    with planted_load(settings, "generation"), pushed_queues(settings.redis_url) as pushed:
+    with planted_load(settings, "generation"), pushed_queues(settings.redis.redis_url) as pushed:
         degraded = httpx.post(
             base + "/v1/query", json={"query": query, "top_k": 2}, headers=headers, timeout=60
         )
@@ -214,7 +218,7 @@ def test_every_response_carries_a_request_id(auth_apis: list[Api], workers, sett
 
 
 def test_keys_cli_create_list_revoke(settings: Settings, redis_url: str) -> None:
-    env = env_for(settings.model_copy(update={"key_prefix": f"ragline-test-{uuid.uuid4().hex[:8]}"}))
+    env = env_for(settings.replace(key_prefix=f"ragline-test-{uuid.uuid4().hex[:8]}"))
 
     def ragline(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

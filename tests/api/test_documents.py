@@ -65,7 +65,7 @@ def _legacy_key(client: redis.Redis, keys: Keys) -> str:
 @pytest.fixture(scope="module")
 def stack(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Keyed]:
     # The durability tests' database, theirs only while their module runs: each stack flushes it.
-    url = redis_db_after(settings.redis_url, 1, "RAGLINE_TEST_DOCUMENTS_REDIS_URL")
+    url = redis_db_after(settings.redis.redis_url, 1, "RAGLINE_TEST_DOCUMENTS_REDIS_URL")
     home = tmp_path_factory.mktemp("documents-home")
     with stack_on_db(
         settings,
@@ -79,7 +79,7 @@ def stack(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Itera
         upload_max_documents=UPLOAD_MAX_DOCUMENTS,
         rate_limit_enabled=False,
     ) as running:
-        client, keys = running.redis, Keys(running.settings.key_prefix)
+        client, keys = running.redis, Keys(running.settings.redis.key_prefix)
         yield Keyed(
             running.base,
             running.settings,
@@ -309,7 +309,7 @@ def test_a_cancelled_upload_registers_nothing(stack: Keyed, first_version: JobVi
     with Client(stack.base, api_key=stack.admin) as rl:
         version = rl.index(INDEX).version
         # Held by "another ingest": the upload waits queued, and is cancelled there.
-        lock = stack.redis.lock(Keys(stack.settings.key_prefix).ingest_lock(INDEX), timeout=60)
+        lock = stack.redis.lock(Keys(stack.settings.redis.key_prefix).ingest_lock(INDEX), timeout=60)
         assert lock.acquire(blocking=False)
         try:
             started = rl.upload(INDEX, documents=[{"id": "late", "text": "never indexed"}], wait=False)

@@ -114,10 +114,7 @@ def test_scopes_are_checked_and_legacy_keys_read(redis_url: str, keys: Keys) -> 
 
 
 def test_an_ingest_job_shows_its_progress_and_ends_with_its_version(redis_url: str) -> None:
-    from broker.settings import Settings
-
-    settings = Settings(redis_url=redis_url, key_prefix=f"ragline-test-ij-{uuid.uuid4().hex[:6]}")
-    keys = Keys(settings.key_prefix)
+    keys = Keys(f"ragline-test-ij-{uuid.uuid4().hex[:6]}")
     client = redis.Redis.from_url(redis_url)
     job_id = uuid.uuid4().hex
     record = jobs.new_ingest_record(

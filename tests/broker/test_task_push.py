@@ -16,7 +16,7 @@ from kombu import Connection, Consumer, Queue
 from redis.exceptions import ResponseError
 
 from broker.celery_app import create_celery
-from broker.settings import Settings
+from broker.settings import RedisSettings
 from broker.task_push import QueuePusher, task_message
 
 _KWARGS = {"requests": [{"request_id": "r1", "query": "what is asyncio?", "top_k": 5}]}
@@ -43,7 +43,7 @@ def _frame(raw: bytes) -> dict[str, Any]:
 
 
 def test_the_frame_is_the_one_send_task_writes(redis_url: str) -> None:
-    app = create_celery(Settings(redis_url=redis_url))
+    app = create_celery(RedisSettings(redis_url=redis_url))
     theirs_q, ours_q = f"push-a-{uuid.uuid4().hex[:8]}", f"push-b-{uuid.uuid4().hex[:8]}"
     app.send_task("ragline.retrieve", kwargs=_KWARGS, queue=theirs_q)
     _pushed(
@@ -72,7 +72,7 @@ def test_the_frame_is_the_one_send_task_writes(redis_url: str) -> None:
 
 
 def test_a_kombu_consumer_takes_it_as_a_json_task(redis_url: str) -> None:
-    app = create_celery(Settings(redis_url=redis_url))
+    app = create_celery(RedisSettings(redis_url=redis_url))
     queue = f"push-{uuid.uuid4().hex[:8]}"
     message = task_message(app, "ragline.retrieve", _KWARGS, queue=queue, kwargsrepr="1 query")
     _pushed(redis_url, queue, message)

@@ -32,12 +32,13 @@ from workers.generation.prompt import build_rag_prompt, citations
 
 log = logging.getLogger(__name__)
 settings = get_settings()
-keys = Keys(settings.key_prefix)
-app = create_celery(settings)
-metrics_server.install(settings)
-heartbeat.install(app, GENERATION_QUEUE, settings)
+generation = settings.generation
+keys = Keys(settings.redis.key_prefix)
+app = create_celery(settings.redis)
+metrics_server.install(settings.redis)
+heartbeat.install(app, GENERATION_QUEUE, settings.redis, host_defaults=settings.host_defaults_line())
 # Each task reports how many ran at once beside it: a batching engine's time per task depends on it.
-occupancy = Occupancy(settings.max_num_seqs).track(GENERATE_TASK)
+occupancy = Occupancy(generation.max_num_seqs).track(GENERATE_TASK)
 
 _engine: EngineHost | TransformersEngine | None = None
 _tokenizer: Any = None
@@ -51,14 +52,16 @@ def _start_engine(**_: object) -> None:
     from transformers import AutoTokenizer
 
     _batcher = EventBatcher(
-        sync_client(settings),
+        sync_client(settings.redis),
         keys,
-        ttl_s=settings.event_stream_ttl_s,
-        maxlen=settings.event_stream_maxlen,
+        ttl_s=settings.redis.event_stream_ttl_s,
+        maxlen=settings.redis.event_stream_maxlen,
     )
 
-    _tokenizer = AutoTokenizer.from_pretrained(generation_model_path(settings))
-    _engine = TransformersEngine(settings) if settings.engine == "transformers" else EngineHost(settings)
+    model_path = generation_model_path(settings)
+    _tokenizer = AutoTokenizer.from_pretrained(model_path)
+    engine = TransformersEngine if generation.engine == "transformers" else EngineHost
+    _engine = engine(generation, model_path)
     _engine.start()
 
 
@@ -91,16 +94,16 @@ def generate(self: Task, **kwargs: Any) -> None:
         return
     request_id = task.request_id
     metrics.QUEUE_WAIT_SECONDS.labels(GENERATION_QUEUE).observe(max(0.0, picked_at - task.enqueued_at))
-    client = sync_client(settings)
+    client = sync_client(settings.redis)
     writer = EventWriter(
         client,
         keys,
         request_id,
-        ttl_s=settings.event_stream_ttl_s,
-        maxlen=settings.event_stream_maxlen,
-        job=jobs.tracker(client, settings, task.job_id),
+        ttl_s=settings.redis.event_stream_ttl_s,
+        maxlen=settings.redis.event_stream_maxlen,
+        job=jobs.tracker(client, keys, settings.jobs, task.job_id),
         batch=_batcher.stream(request_id) if _batcher is not None else None,
-        flush_timeout_s=2 * settings.redis_socket_timeout_s + 1,
+        flush_timeout_s=2 * settings.redis.redis_socket_timeout_s + 1,
         occupancy=occupancy,
     )
     if not writer.start("generating"):
@@ -110,7 +113,7 @@ def generate(self: Task, **kwargs: Any) -> None:
     if _engine is None:
         raise Reject("engine not started", requeue=True)
     queue_ms = task.timings.queue_ms + max(0.0, (picked_at - task.enqueued_at) * 1000)
-    prompt = build_rag_prompt(settings, _tokenizer, task.query, task.sources)
+    prompt = build_rag_prompt(generation, _tokenizer, task.query, task.sources)
     started = time.perf_counter()
     pieces: list[str] = []
     first_token_ms: float | None = None
@@ -119,8 +122,8 @@ def generate(self: Task, **kwargs: Any) -> None:
         stream = _engine.stream(
             request_id,
             prompt.text,
-            max_tokens=settings.max_new_tokens,
-            timeout_s=settings.generation_timeout_s,
+            max_tokens=generation.max_new_tokens,
+            timeout_s=generation.generation_timeout_s,
         )
         for delta in stream:
             if writer.cancelled:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.contract import Citation, Source
-from broker.settings import Settings
+from broker.settings import GenerationSettings
 
 SYSTEM_PROMPT = (
     "You are a precise assistant. Answer the question using only the numbered context passages, "
@@ -110,7 +110,7 @@ def citations(answer: str, numbered: Sequence[Source]) -> list[Citation]:
 
 
 def build_rag_prompt(
-    settings: Settings, tokenizer: Any, query: str, sources: Sequence[Source]
+    settings: GenerationSettings, tokenizer: Any, query: str, sources: Sequence[Source]
 ) -> BuiltPrompt:
     """The prompt the generation worker sends for a request, within the settings' budgets."""
     return build_prompt(

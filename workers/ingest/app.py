@@ -33,10 +33,11 @@ from workers.retrieval.embedder import Embedder
 
 log = logging.getLogger(__name__)
 settings = get_settings()
-keys = Keys(settings.key_prefix)
-app = create_celery(settings)
-metrics_server.install(settings)
-heartbeat.install(app, INGEST_QUEUE, settings)
+ingest_settings = settings.ingest
+keys = Keys(settings.redis.key_prefix)
+app = create_celery(settings.redis)
+metrics_server.install(settings.redis)
+heartbeat.install(app, INGEST_QUEUE, settings.redis, host_defaults=settings.host_defaults_line())
 
 # How soon an ingest that found its index locked by another one looks again.
 _LOCKED_RETRY_S = 1.0
@@ -46,14 +47,14 @@ _embedder: Embedder | None = None
 def embedder() -> Embedder:
     global _embedder
     if _embedder is None:
-        _embedder = Embedder(settings)
+        _embedder = Embedder(settings.retrieval)
     return _embedder
 
 
 @worker_init.connect(weak=False)
 def _warm_up(**_: object) -> None:
     embedder().encode(["warm up"])
-    _sweep_staging(settings.uploads_dir, max_age_s=settings.upload_staging_ttl_s)
+    _sweep_staging(settings.uploads_dir, max_age_s=ingest_settings.upload_staging_ttl_s)
 
 
 def _sweep_staging(root: Path, *, max_age_s: float) -> None:
@@ -74,7 +75,7 @@ def _run(task: IngestTask, client: redis.Redis, report: build.Report) -> IngestR
     if task.operation == "add":
         assert task.staging is not None
         report(IngestProgress(phase="reading"))
-        change = build.staged_chunks(settings, settings.uploads_dir / task.staging)
+        change = build.staged_chunks(settings.retrieval, settings.uploads_dir / task.staging)
     else:
         change = build.Change(add=[], added_ids=[], drop=frozenset(task.document_ids))
     return build.next_version(
@@ -91,10 +92,13 @@ def ingest(self: Task, **kwargs: Any) -> None:
         # Acknowledged and dropped: a redelivery would fail the same way.
         log.error("rejected %s task %s: %s", INGEST_TASK, self.request.id, exc)
         return
-    client = sync_client(settings)
-    tracker = jobs.JobTracker(client, keys, task.job_id, job_ttl_s=settings.job_ttl_s)
+    client = sync_client(settings.redis)
+    tracker = jobs.JobTracker(client, keys, task.job_id, job_ttl_s=settings.jobs.job_ttl_s)
     lock = client.lock(
-        keys.ingest_lock(task.index), timeout=settings.ingest_lock_ttl_s, blocking=False, thread_local=False
+        keys.ingest_lock(task.index),
+        timeout=ingest_settings.ingest_lock_ttl_s,
+        blocking=False,
+        thread_local=False,
     )
     if not lock.acquire():
         # Another ingest of this index is running: this one waits its turn, still queued.
@@ -123,8 +127,8 @@ def ingest(self: Task, **kwargs: Any) -> None:
         tracker.finish_ingest(
             keys.events(task.job_id),
             outcome,
-            stream_ttl_s=settings.event_stream_ttl_s,
-            maxlen=settings.event_stream_maxlen,
+            stream_ttl_s=settings.redis.event_stream_ttl_s,
+            maxlen=settings.redis.event_stream_maxlen,
         )
     if task.staging:
         shutil.rmtree(settings.uploads_dir / task.staging, ignore_errors=True)

@@ -20,7 +20,7 @@ from broker import documents, indexes
 from broker.contract import IngestProgress, IngestResult, UploadManifest
 from broker.indexes import IndexInfo
 from broker.keys import Keys
-from broker.settings import Settings
+from broker.settings import RetrievalSettings, Settings
 from workers.retrieval import index_store
 from workers.retrieval.chunking import Chunk, chunk_sections
 from workers.retrieval.embedder import Embedder
@@ -54,7 +54,7 @@ class Change:
     drop: frozenset[str]
 
 
-def staged_chunks(settings: Settings, folder: Path) -> Change:
+def staged_chunks(settings: RetrievalSettings, folder: Path) -> Change:
     """The chunks of an upload's folder (its ``manifest.json`` and files), each document's chunks
     under its id; an upload replaces documents of the same ids."""
     manifest = UploadManifest.decode((folder / "manifest.json").read_bytes())
@@ -129,16 +129,17 @@ def next_version(
             409, f"that would leave index {index!r} without documents: DELETE /v1/indexes/{index} removes it"
         )
     to_embed = change.add if kept_vectors is not None else chunks
-    cache = EmbeddingCache.for_settings(client, keys, settings, model_id=embedder.model_id, dim=embedder.dim)
+    retrieval = settings.retrieval
+    cache = EmbeddingCache.for_settings(client, keys, retrieval, model_id=embedder.model_id, dim=embedder.dim)
     if not report(IngestProgress(phase="embedding", chunks_total=len(to_embed))):
         raise IngestCancelled
-    fresh = _embed(embedder, cache, to_embed, batch_size=settings.embed_batch_size, report=report)
+    fresh = _embed(embedder, cache, to_embed, batch_size=retrieval.embed_batch_size, report=report)
     vectors = fresh if kept_vectors is None else np.concatenate([kept_vectors, fresh])
     if not report(
         IngestProgress(phase="indexing", chunks_embedded=len(to_embed), chunks_total=len(to_embed))
     ):
         raise IngestCancelled
-    built = build_index(settings, vectors, index_type)
+    built = build_index(retrieval, vectors, index_type)
     lexical = LexicalIndex.build([c.embed_text for c in chunks])
     info = index_store.save(
         settings.indexes_dir, index, built, chunks, index_type=index_type, lexical=lexical
