@@ -14,7 +14,7 @@ from api.access import Access
 from api.admission import Admission
 from api.fast_path import FastPath
 from api.pipeline.connect import Connected
-from api.routers import health, indexes, jobs, metrics, query, web
+from api.routers import documents, health, indexes, jobs, metrics, query, web
 from broker.backpressure import BackpressureMonitor
 from broker.celery_app import create_celery
 from broker.keys import Keys
@@ -57,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.access = Access(Door.of(app.state.redis, keys, api))
         connected = Connected(settings, app.state.redis, create_celery(settings.redis), app.state.admission)
         app.state.pipeline = connected.pipeline
+        app.state.connected = connected
         # Everything built so far lives as long as the process: out of the collector's sight, a
         # full collection no longer walks it (tens of ms, paid by whichever request triggers it).
         gc.collect()
@@ -79,7 +80,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # The last added runs first: metrics, request id, body limit, the door, then the fast path.
     app.add_middleware(FastPath)
     app.add_middleware(middleware.Door)
-    app.add_middleware(middleware.BodyLimit, max_body_bytes=_MAX_BODY_BYTES)
+    app.add_middleware(
+        middleware.BodyLimit, max_body_bytes=_MAX_BODY_BYTES, upload_max_bytes=api.upload_max_bytes
+    )
     app.add_middleware(middleware.RequestId)
     app.add_middleware(middleware.Metrics)
     app.include_router(query.router)
@@ -87,5 +90,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(indexes.router)
+    app.include_router(documents.router)
     app.include_router(web.router)
     return app

@@ -36,6 +36,20 @@ def _accepted(job_id: str, status: str) -> JobAccepted:
     return JobAccepted(job_id=job_id, status=status, status_url=status_url(job_id))  # type: ignore[arg-type]
 
 
+async def checked_webhook(s: WebhookSettings, url: str) -> str:
+    """``url`` when a job may deliver to it, else 422 saying why (503 when DNS is saturated)."""
+    try:
+        # getaddrinfo blocks: off the event loop, and bounded by the guard itself.
+        await asyncio.to_thread(
+            check_url, url, allowlist=s.webhook_host_allowlist, timeout_s=s.webhook_dns_timeout_s
+        )
+    except ResolverBusy as exc:  # ours to fix, not the URL's: the client may try again
+        raise unavailable(str(exc)) from None
+    except WebhookRefused as exc:
+        raise ApiError(422, "invalid_webhook_url", str(exc)) from None
+    return url
+
+
 class JobService:
     def __init__(
         self,
@@ -53,17 +67,7 @@ class JobService:
         self._store = jobs.AsyncJobStore(redis, redis_settings, settings)
 
     async def _check_webhook(self, url: str) -> str:
-        s = self._webhooks
-        try:
-            # getaddrinfo blocks: off the event loop, and bounded by the guard itself.
-            await asyncio.to_thread(
-                check_url, url, allowlist=s.webhook_host_allowlist, timeout_s=s.webhook_dns_timeout_s
-            )
-        except ResolverBusy as exc:  # ours to fix, not the URL's: the client may try again
-            raise unavailable(str(exc)) from None
-        except WebhookRefused as exc:
-            raise ApiError(422, "invalid_webhook_url", str(exc)) from None
-        return url
+        return await checked_webhook(self._webhooks, url)
 
     def _check_metadata(self, metadata: dict[str, object] | None) -> None:
         if metadata is None:

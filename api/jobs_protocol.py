@@ -7,9 +7,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from api.protocol import QueryRequest
-from broker.contract import Done, Source
+from broker.contract import Done, IngestOperation, IngestProgress, IngestResult, Source
 
-JobStatus = Literal["queued", "retrieving", "generating", "done", "failed", "cancelled"]
+JobStatus = Literal["queued", "retrieving", "generating", "ingesting", "done", "failed", "cancelled"]
 DeliveryStatus = Literal["pending", "scheduled", "delivering", "delivered", "gone", "dead"]
 
 
@@ -39,6 +39,14 @@ class JobQuery(BaseModel):
     top_k: int
     mode: Literal["rag", "retrieval"]
     index: str
+
+
+class IngestRequest(BaseModel):
+    """What an ingest job changes (documents uploaded or deleted over HTTP)."""
+
+    index: str
+    operation: IngestOperation
+    documents: list[str] = Field(default_factory=list, description="The ids it adds, replaces or deletes.")
 
 
 class JobResult(Done):
@@ -75,13 +83,19 @@ class WebhookState(BaseModel):
 
 class JobView(BaseModel):
     job_id: str
+    kind: Literal["query", "ingest"] = Field(
+        default="query", description="A query (POST /v1/jobs) or a change to an index's documents."
+    )
     status: JobStatus
     created_at: str
     updated_at: str
     timestamps: dict[str, str] = Field(description="When the job entered each status it went through.")
-    request: JobQuery
+    request: JobQuery | IngestRequest
     metadata: dict[str, Any] | None = None
     webhook_url: str | None = None
-    result: JobResult | None = Field(default=None, description="Present when the job is done.")
+    result: JobResult | IngestResult | None = Field(default=None, description="Present when the job is done.")
+    progress: IngestProgress | None = Field(
+        default=None, description="An ingest job's progress: chunks embedded of the total."
+    )
     error: JobError | None = Field(default=None, description="Present when it failed or was cancelled.")
     webhook: WebhookState | None = None

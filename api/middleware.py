@@ -15,6 +15,7 @@ and streams: on the cache-hit path that overhead was larger than the work itself
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Any
@@ -112,15 +113,25 @@ class BodyTooLarge(Exception):
     """Raised into the app by :class:`BodyLimit` when a body passes the limit."""
 
 
+# Uploads (POST /v1/indexes/{name}/documents) have a limit of their own.
+_UPLOAD_PATH = re.compile(r"/v1/indexes/[^/]+/documents")
+
+
 class BodyLimit(_Http):
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, upload_max_bytes: int | None = None) -> None:
         super().__init__(app)
         self.max_body_bytes = max_body_bytes
+        self.upload_max_bytes = upload_max_bytes or max_body_bytes
+
+    def limit_for(self, scope: Scope) -> int:
+        if scope.get("method") == "POST" and _UPLOAD_PATH.fullmatch(scope.get("path", "")):
+            return self.upload_max_bytes
+        return self.max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        limit = self.max_body_bytes
+        limit = self.limit_for(scope)
         length, chunked = None, False
         for name, value in scope["headers"]:
             if name == b"content-length":
@@ -161,7 +172,7 @@ class BodyLimit(_Http):
             await self._too_large(scope, receive, send)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        too_large = ApiError(413, "too_large", f"body over {self.max_body_bytes} bytes")
+        too_large = ApiError(413, "too_large", f"body over {self.limit_for(scope)} bytes")
         await error_response(too_large, scope["state"]["request_id"])(scope, receive, send)
 
 
@@ -179,5 +190,6 @@ class Door(_Http):
         if verdict.principal != "anonymous" or "principal" not in state:
             # With auth off, a principal set by an outer layer (a trusted gateway, a test) stays.
             state["principal"] = verdict.principal
+        state["scopes"] = verdict.scopes
         extra = [(k.lower().encode(), v.encode()) for k, v in rate_headers(verdict).items()]
         await self.app(scope, receive, _adding_headers(send, extra) if extra else send)

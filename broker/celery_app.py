@@ -10,6 +10,8 @@ from broker.queues import (
     DELIVER_WEBHOOK_TASK,
     GENERATE_TASK,
     GENERATION_QUEUE,
+    INGEST_QUEUE,
+    INGEST_TASK,
     RETRIEVAL_QUEUE,
     RETRIEVE_TASK,
 )
@@ -45,12 +47,18 @@ def create_celery(settings: RedisSettings | None = None) -> Celery:
         broker_connection_timeout=settings.redis_connect_timeout_s,
         task_publish_retry=True,
         task_publish_retry_policy={"max_retries": 3, "interval_start": 0, "interval_step": 0.2},
-        task_queues=[Queue(RETRIEVAL_QUEUE), Queue(GENERATION_QUEUE), Queue(CALLBACKS_QUEUE)],
+        task_queues=[
+            Queue(RETRIEVAL_QUEUE),
+            Queue(GENERATION_QUEUE),
+            Queue(CALLBACKS_QUEUE),
+            Queue(INGEST_QUEUE),
+        ],
         task_default_queue=RETRIEVAL_QUEUE,
         task_routes={
             RETRIEVE_TASK: {"queue": RETRIEVAL_QUEUE},
             GENERATE_TASK: {"queue": GENERATION_QUEUE},
             DELIVER_WEBHOOK_TASK: {"queue": CALLBACKS_QUEUE},
+            INGEST_TASK: {"queue": INGEST_QUEUE},
         },
         worker_send_task_events=False,  # an event per task costs throughput; Flower still sees workers
         worker_hijack_root_logger=False,

@@ -189,6 +189,83 @@ class WebhookDelivery(_Task):
     attempt: int = Field(ge=1)
 
 
+# The document types ragline reads (`ragline ingest` and uploads), by how a file's name ends.
+DOCUMENT_SUFFIXES: tuple[str, ...] = (".txt", ".md", ".rst", ".rst.txt", ".html", ".htm")
+
+
+class StagedDocument(_Model):
+    """One uploaded document as the API staged it: a file of the upload's folder."""
+
+    id: str = Field(description="The document's id in its index: an upload with the same id replaces it.")
+    file: str = Field(description="Its file, relative to the upload's folder (its name keeps the type).")
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class UploadManifest(_Model):
+    """``manifest.json`` of an upload's folder: what the API staged, read by the ingest worker."""
+
+    documents: list[StagedDocument]
+
+    def encode(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def decode(cls, data: str | bytes) -> Self:
+        try:
+            return cls.model_validate_json(data)
+        except ValidationError as exc:
+            raise ContractError(f"malformed upload manifest: {_explain(exc)}") from None
+
+
+IngestOperation = Literal["add", "delete_documents", "delete_index"]
+
+
+class IngestTask(_Task):
+    """``ragline.ingest``: one write to an index (a job of its own), run on the ``ingest`` queue."""
+
+    job_id: str
+    index: str
+    operation: IngestOperation
+    # add: the upload's folder, by name, under the uploads folder (Settings.uploads_dir).
+    staging: str | None = None
+    # delete_documents: the ids the next version drops.
+    document_ids: list[str] = Field(default_factory=list)
+    # delete_index: the version the API unregistered (a newer one, made since, is left alone).
+    version: str | None = None
+    enqueued_at: float
+
+
+class IngestProgress(_Model):
+    """Where an ingest job is: the record's ``progress`` while it runs."""
+
+    phase: Literal["reading", "embedding", "indexing", "registering", "removing"]
+    chunks_embedded: int = 0
+    chunks_total: int = Field(default=0, description="Chunks to embed: the new ones (all, for IVF-PQ).")
+
+
+class IngestResult(_Model):
+    """A finished ingest job's result: the version it registered (None after a delete of the index)."""
+
+    index: str
+    version: str | None
+    documents: int = Field(description="Documents in the new version.")
+    chunks: int
+    added: int = Field(default=0, description="Documents added or replaced.")
+    removed: int = Field(default=0, description="Documents dropped (deleted, or replaced by an upload).")
+    embedded: int = Field(default=0, description="Chunks embedded for this version (new ones).")
+    reused: int = Field(default=0, description="Chunks whose vectors came from the previous version.")
+
+    def encode(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def decode(cls, data: str | bytes) -> Self:
+        try:
+            return cls.model_validate_json(data)
+        except ValidationError as exc:
+            raise ContractError(f"malformed ingest result: {_explain(exc)}") from None
+
+
 # -- stream events ------------------------------------------------------------------------------
 
 

@@ -53,6 +53,48 @@ def register(client: redis.Redis, keys: Keys, info: IndexInfo) -> None:
     client.hset(keys.indexes, info.name, json.dumps(asdict(info)))
 
 
+def replace(client: redis.Redis, keys: Keys, info: IndexInfo, *, expected: str | None) -> bool:
+    """Register ``info`` only while the registry still names ``expected`` (None: no version), so
+    an ingest built on one version never undoes a delete or another ingest made meanwhile."""
+    for _ in range(16):  # WATCH covers the whole hash: a change to another index retries
+        with client.pipeline() as pipe:
+            try:
+                pipe.watch(keys.indexes)
+                raw = pipe.hget(keys.indexes, info.name)
+                current = json.loads(raw)["version"] if raw else None
+                if current != expected:
+                    pipe.unwatch()
+                    return False
+                pipe.multi()
+                pipe.hset(keys.indexes, info.name, json.dumps(asdict(info)))
+                pipe.execute()
+                return True
+            except redis.WatchError:
+                continue
+    return False
+
+
+def unregister(client: redis.Redis, keys: Keys, name: str, *, version: str) -> bool:
+    """Remove ``name`` while it is at ``version``; False when it is not (gone, or newer)."""
+    current = lookup(client, keys, name)
+    if current is None or current.version != version:
+        return False
+    return bool(client.hdel(keys.indexes, name))
+
+
+async def aregister(client: aioredis.Redis, keys: Keys, info: IndexInfo) -> None:
+    await client.hset(keys.indexes, info.name, json.dumps(asdict(info)))
+
+
+async def aunregister(client: aioredis.Redis, keys: Keys, name: str) -> IndexInfo | None:
+    """Remove ``name`` from the registry (queries answer 404 from now on); what it named."""
+    raw = await client.hget(keys.indexes, name)
+    if raw is None:
+        return None
+    await client.hdel(keys.indexes, name)
+    return IndexInfo(**json.loads(raw))
+
+
 def lookup(client: redis.Redis, keys: Keys, name: str) -> IndexInfo | None:
     raw = client.hget(keys.indexes, name)
     return IndexInfo(**json.loads(raw)) if raw else None

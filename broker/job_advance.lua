@@ -4,7 +4,7 @@
 -- ARGV[1] new stage ("" = none), ARGV[2] now, ARGV[3] job ttl s,
 -- ARGV[4] mode the stage change requires ("" = any), ARGV[5..] field, value, ...
 -- Returns {outcome, status, mode}; outcome: missing | final | moved | same.
-local rank = {queued = 0, retrieving = 1, generating = 2, done = 3, failed = 3, cancelled = 3}
+local rank = {queued = 0, retrieving = 1, ingesting = 1, generating = 2, done = 3, failed = 3, cancelled = 3}
 local cur = redis.call("HMGET", KEYS[1], "status", "mode")
 if not cur[1] then
   return {"missing", "", ""}

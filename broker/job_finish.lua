@@ -7,7 +7,7 @@
 -- ARGV[4] stream ttl s, ARGV[5] stream maxlen, ARGV[6] event type, ARGV[7] event data (JSON),
 -- ARGV[8] job id, ARGV[9..] field, value, ... (result or error)
 -- Returns missing | late | first.
-local rank = {queued = 0, retrieving = 1, generating = 2, done = 3, failed = 3, cancelled = 3}
+local rank = {queued = 0, retrieving = 1, ingesting = 1, generating = 2, done = 3, failed = 3, cancelled = 3}
 local cur = redis.call("HMGET", KEYS[1], "status", "webhook_url")
 -- A late duplicate (a task redelivered while its first copy still ran) adds no second answer.
 if cur[1] and rank[cur[1]] == 3 then

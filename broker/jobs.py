@@ -12,6 +12,11 @@ Record ``ragline:job:{id}`` (a hash, TTL ``job_ttl_s`` from its last change): ``
 ``request`` and ``mode``, ``metadata``, ``fingerprint`` (Idempotency-Key replays must match),
 ``sources``/``result``/``error`` (JSON), ``webhook_url`` and the delivery fields
 ``delivery_id``, ``delivery_status``, ``delivery_attempts``, ``delivery_last``, ...
+
+An ingest job (``kind`` ``ingest``: documents uploaded or deleted over HTTP) has the same record,
+webhook and cancel; it goes ``queued`` -> ``ingesting`` -> final, keeps its ``progress``
+(:class:`~broker.contract.IngestProgress`) while it runs and its
+:class:`~broker.contract.IngestResult` as ``result``.
 """
 
 from __future__ import annotations
@@ -28,11 +33,21 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from broker.contract import SOURCES, Cancelled, Done, Error, Sources, decode_sources
+from broker.contract import (
+    SOURCES,
+    Cancelled,
+    Done,
+    Error,
+    IngestProgress,
+    IngestResult,
+    Sources,
+    decode_sources,
+)
 from broker.keys import Keys
 from broker.settings import JobSettings, RedisSettings
 
-STAGES = ("queued", "retrieving", "generating")
+STAGES = ("queued", "retrieving", "generating", "ingesting")
+INGEST_KIND = "ingest"
 FINAL_STATUSES = ("done", "failed", "cancelled")
 STATUSES = STAGES + FINAL_STATUSES
 
@@ -95,6 +110,16 @@ def new_record(
     return fields
 
 
+def new_ingest_record(
+    *, job_id: str, owner: str, request: dict[str, Any], webhook_url: str | None, now: float
+) -> dict[str, str]:
+    """An ingest job's record: ``request`` says what it changes (``index``, ``operation``, ...)."""
+    record = new_record(
+        job_id=job_id, owner=owner, request=request, webhook_url=webhook_url, metadata=None, now=now
+    )
+    return {**record, "kind": INGEST_KIND, "mode": INGEST_KIND}
+
+
 def _final_fields(event: Done | Error, data: str) -> tuple[str, dict[str, str]]:
     """The job's final status and the field holding ``event`` (encoded as ``data``)."""
     if isinstance(event, Done):
@@ -130,10 +155,40 @@ class JobTracker:
         sources = SOURCES.dump_json(event.sources).decode()
         self._run_advance("generating", needs_mode="rag", fields={"sources": sources})
 
+    def progress(self, progress: IngestProgress) -> bool:
+        """An ingest job's progress; False when the job is gone or final (cancelled, say)."""
+        outcome = self._run_advance("", fields={"progress": progress.model_dump_json()})
+        return outcome not in ("missing", "final")
+
     def finish(self, stream_key: str, event: Done | Error, *, stream_ttl_s: int, maxlen: int) -> str:
         """Append the final event and finish the job atomically; ``first`` exactly once per job."""
         data = event.encode()
         status, fields = _final_fields(event, data)
+        return self._finish_with(stream_key, status, fields, event.type, data, stream_ttl_s, maxlen)
+
+    def finish_ingest(
+        self, stream_key: str, outcome: IngestResult | Error, *, stream_ttl_s: int, maxlen: int
+    ) -> str:
+        """An ingest job's end: its result (an ``ingested`` event on its stream) or its error."""
+        if isinstance(outcome, IngestResult):
+            data = outcome.encode()
+            return self._finish_with(
+                stream_key, "done", {"result": data}, "ingested", data, stream_ttl_s, maxlen
+            )
+        data = outcome.encode()
+        status, fields = _final_fields(outcome, data)
+        return self._finish_with(stream_key, status, fields, outcome.type, data, stream_ttl_s, maxlen)
+
+    def _finish_with(
+        self,
+        stream_key: str,
+        status: str,
+        fields: dict[str, str],
+        event_type: str,
+        data: str,
+        stream_ttl_s: int,
+        maxlen: int,
+    ) -> str:
         outcome = self._finish(
             keys=[self._key, stream_key, self._keys.webhook_schedule],
             args=[
@@ -142,7 +197,7 @@ class JobTracker:
                 self._ttl_s,
                 stream_ttl_s,
                 maxlen,
-                event.type,
+                event_type,
                 data,
                 self.job_id,
                 *_flat(fields),
@@ -266,8 +321,16 @@ def view(record: dict[str, str], *, delivery: bool = True) -> dict[str, Any]:
     Raises ContractError when the record's result or error does not decode.
     """
     status = record.get("status", "queued")
-    result = _result(record) if status == "done" else None
+    ingest = record.get("kind") == INGEST_KIND
+    result: dict[str, Any] | None = None
+    if status == "done":
+        result = (
+            IngestResult.decode(record.get("result") or "").model_dump(mode="json")
+            if ingest
+            else _result(record)
+        )
     body: dict[str, Any] = {
+        "kind": record.get("kind", "query"),
         "job_id": record.get("id"),
         "status": status,
         "created_at": iso(record.get("created_at")),
@@ -279,6 +342,8 @@ def view(record: dict[str, str], *, delivery: bool = True) -> dict[str, Any]:
         "result": result,
         "error": _error(record),
     }
+    if ingest:
+        body["progress"] = _json(record, "progress")
     if delivery:
         body["webhook"] = delivery_view(record)
     return body

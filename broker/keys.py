@@ -22,6 +22,18 @@ class Keys:
         """Hash: index name -> JSON {version, path, chunks, dim}."""
         return f"{self.prefix}:indexes"
 
+    def documents(self, index: str, version: str) -> str:
+        """Hash: one index version's documents, document id -> JSON {title, path, chunks}."""
+        return f"{self.prefix}:docs:{index}:{version}"
+
+    def document_ids(self, index: str, version: str) -> str:
+        """Sorted set (all scores 0): the same version's document ids, for pages in id order."""
+        return f"{self.prefix}:docids:{index}:{version}"
+
+    def ingest_lock(self, index: str) -> str:
+        """String with a TTL: the job building the next version of ``index`` (one at a time)."""
+        return f"{self.prefix}:ingest-lock:{index}"
+
     def workers(self, queue: str) -> str:
         """Sorted set: live worker id -> last heartbeat (unix seconds)."""
         return f"{self.prefix}:workers:{queue}"

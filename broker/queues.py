@@ -5,6 +5,9 @@ from __future__ import annotations
 RETRIEVAL_QUEUE = "retrieval"
 GENERATION_QUEUE = "generation"
 CALLBACKS_QUEUE = "callbacks"
+# Documents uploaded over HTTP become new index versions here, on a worker of its own (`ragline
+# worker ingest`): an ingest takes seconds to minutes, and queries keep their retrieval workers.
+INGEST_QUEUE = "ingest"
 # The queues a query needs; readiness requires a live worker on each. Webhook delivery
 # (CALLBACKS_QUEUE) can lag without failing any request, so it is not among them.
 QUEUES = (RETRIEVAL_QUEUE, GENERATION_QUEUE)
@@ -12,3 +15,4 @@ QUEUES = (RETRIEVAL_QUEUE, GENERATION_QUEUE)
 RETRIEVE_TASK = "ragline.retrieve"
 GENERATE_TASK = "ragline.generate"
 DELIVER_WEBHOOK_TASK = "ragline.deliver_webhook"
+INGEST_TASK = "ragline.ingest"

@@ -36,6 +36,8 @@ class Verdict:
     remaining: int = 0  # whole tokens left in it
     retry_after_s: float = 0.0
     scope: str = ""  # the bucket that refused: "key" or "global"
+    # What the key may change (broker/apikeys.py); with keys off, everything (a local demo).
+    scopes: tuple[str, ...] = apikeys.LEGACY_SCOPES
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +81,7 @@ class Door:
 
     async def check(self, key: str | None, *, cost: int = 1, now_ms: int | None = None) -> Verdict:
         if not self.needed:
-            return Verdict(Status.ALLOWED)
+            return Verdict(Status.ALLOWED, scopes=(apikeys.ADMIN,))
         if self._auth and not key:
             return Verdict(Status.UNAUTHENTICATED, principal="")
         key_digest = apikeys.digest(key) if self._auth and key else ""
@@ -104,7 +106,7 @@ class Door:
             ),
             self._timeout_s,
         )
-        status, principal, limit, remaining, retry_ms, scope = reply
+        status, principal, limit, remaining, retry_ms, scope, *rest = reply
         return Verdict(
             status=Status(int(status)),
             principal=principal.decode() if isinstance(principal, bytes) else str(principal),
@@ -112,4 +114,14 @@ class Door:
             remaining=max(0, int(remaining)),
             retry_after_s=int(retry_ms) / 1000,
             scope=scope.decode() if isinstance(scope, bytes) else str(scope),
+            scopes=_scopes(rest[0] if rest else b"", auth=self._auth),
         )
+
+
+def _scopes(raw: bytes | str, *, auth: bool) -> tuple[str, ...]:
+    if not auth:
+        return (apikeys.ADMIN,)
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    if text == "-":
+        return apikeys.LEGACY_SCOPES
+    return tuple(text.split())

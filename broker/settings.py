@@ -1,7 +1,7 @@
 """The one place configuration is read: environment variables with the ``RAGLINE_`` prefix.
 
 :class:`Settings` is grouped per component (:class:`RedisSettings`, :class:`RetrievalSettings`,
-:class:`GenerationSettings`, :class:`ApiSettings`, :class:`JobSettings`,
+:class:`GenerationSettings`, :class:`ApiSettings`, :class:`IngestSettings`, :class:`JobSettings`,
 :class:`WebhookSettings`, :class:`FlowerSettings`), and each component is built from its own
 group. Every group reads the same flat environment: a field's variable is its name in upper case
 with the prefix (``settings.generation.dtype`` is ``RAGLINE_DTYPE``), so no field name is in two
@@ -273,6 +273,25 @@ class ApiSettings(_Group):
     backpressure_stale_s: float = 2.0
     retry_after_max_s: int = 60
 
+    # -- documents over HTTP --------------------------------------------------------------
+    # One POST /v1/indexes/{name}/documents: its whole body (multipart or JSON; 413 past it) and
+    # how many documents it may carry (422 past it). Uploads are staged on disk, never in Redis.
+    upload_max_bytes: int = 32 * 1024 * 1024
+    upload_max_documents: int = 100
+    # GET /v1/indexes/{name}/documents: the most ids one page may ask for.
+    documents_page_max: int = 1000
+
+
+class IngestSettings(_Group):
+    """The ingest worker: the writes to an index that POST/DELETE /v1/indexes/{name}/documents queue."""
+
+    # Staged uploads left behind (an API that died between staging and enqueueing) are removed by
+    # the ingest worker once this old.
+    upload_staging_ttl_s: int = 24 * 3600
+    # One ingest per index at a time: the lock's TTL, renewed as the ingest progresses, bounds
+    # only how long a dead worker's lock holds up the next ingest.
+    ingest_lock_ttl_s: int = 120
+
 
 class JobSettings(_Group):
     """Async job records: written by the API and both workers, read by webhook delivery."""
@@ -357,7 +376,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(**{**_CONFIG, "extra": "forbid"})
 
     # -- shared -----------------------------------------------------------------------------
-    # Models (models/) and indexes (indexes/).
+    # Models (models/), indexes (indexes/) and staged uploads (uploads/).
     home: Path = Field(default_factory=_default_home)
     # Development only: lets the API, the callbacks worker and Flower start on default secrets
     # (broker/secret_policy.py). `ragline demo` sets it for its own processes.
@@ -368,6 +387,7 @@ class Settings(BaseSettings):
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
     generation: GenerationSettings = Field(default_factory=GenerationSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
+    ingest: IngestSettings = Field(default_factory=IngestSettings)
     jobs: JobSettings = Field(default_factory=JobSettings)
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     flower: FlowerSettings = Field(default_factory=FlowerSettings)
@@ -377,6 +397,7 @@ class Settings(BaseSettings):
         "generation": GenerationSettings,
         "retrieval": RetrievalSettings,
         "api": ApiSettings,
+        "ingest": IngestSettings,
         "jobs": JobSettings,
         "webhooks": WebhookSettings,
         "flower": FlowerSettings,
@@ -391,6 +412,12 @@ class Settings(BaseSettings):
     @property
     def indexes_dir(self) -> Path:
         return self.home / "indexes"
+
+    @property
+    def uploads_dir(self) -> Path:
+        """Uploaded documents, staged for the ingest worker (a folder per job): beside the indexes,
+        on the volume the API and the workers share."""
+        return self.home / "uploads"
 
     def groups(self) -> dict[str, _Group]:
         return {name: getattr(self, name) for name in self.GROUPS}

@@ -9,11 +9,13 @@
 -- ARGV[4] global rate (tokens/s, <= 0: no global bucket)   ARGV[5] global burst
 -- ARGV[6] cost (tokens)   ARGV[7] '1' = rate limiting on, '0' = only authenticate
 -- ARGV[8] now (ms; '' = Redis TIME)
--- Returns {status, principal, limit, remaining, retry_after_ms, scope}
+-- Returns {status, principal, limit, remaining, retry_after_ms, scope, scopes}
 --   status 1 allowed, 0 rate limited, -1 unknown or revoked key
 --   limit/remaining describe the caller's bucket (the global one when there is none); scope
---   names the bucket that refused ('key' or 'global'), '' when allowed.
+--   names the bucket that refused ('key' or 'global'), '' when allowed; scopes: the key's
+--   recorded scopes, space-separated ('-' when it has none recorded: a key made before them).
 local principal = 'anonymous'
+local scopes = '-'
 local rate = tonumber(ARGV[2])
 local burst = tonumber(ARGV[3])
 if ARGV[1] ~= '' then
@@ -22,12 +24,13 @@ if ARGV[1] ~= '' then
   local record = cjson.decode(raw)
   if record['revoked'] then return {-1, '', 0, 0, 0, ''} end
   principal = record['id']
+  if type(record['scopes']) == 'table' then scopes = table.concat(record['scopes'], ' ') end
   if type(record['rate']) == 'number' then rate = record['rate'] end
   if type(record['burst']) == 'number' then burst = record['burst'] end
 else
   rate = 0  -- no identity, no per-key bucket: only the global one applies
 end
-if ARGV[7] ~= '1' then return {1, principal, 0, 0, 0, ''} end
+if ARGV[7] ~= '1' then return {1, principal, 0, 0, 0, '', scopes} end
 
 local now
 if ARGV[8] ~= '' then
@@ -65,7 +68,7 @@ end
 short(mine, 'key')
 short(global, 'global')
 if scope ~= '' then
-  return {0, principal, shown[3], math.floor(shown[4]), retry_ms, scope}
+  return {0, principal, shown[3], math.floor(shown[4]), retry_ms, scope, scopes}
 end
 
 local function debit(b)
@@ -77,6 +80,6 @@ end
 if mine then debit(mine) end
 if global then debit(global) end
 if shown then
-  return {1, principal, shown[3], math.floor(shown[4]), 0, ''}
+  return {1, principal, shown[3], math.floor(shown[4]), 0, '', scopes}
 end
-return {1, principal, 0, 0, 0, ''}
+return {1, principal, 0, 0, 0, '', scopes}

@@ -229,7 +229,13 @@ def _keys(args: argparse.Namespace, settings: Settings) -> int:
 
     client, keys = sync_client(settings.redis), Keys(settings.redis.key_prefix)
     if args.keys_command == "create":
-        key, record = apikeys.create(client, keys, args.name, rate=args.rate, burst=args.burst)
+        try:
+            key, record = apikeys.create(
+                client, keys, args.name, rate=args.rate, burst=args.burst, scopes=args.scope or [apikeys.READ]
+            )
+        except ValueError as exc:
+            print(f"ragline keys create: {exc}", file=sys.stderr)
+            return 2
         rate = (
             f"{record.rate:g}/s"
             if record.rate is not None
@@ -237,19 +243,35 @@ def _keys(args: argparse.Namespace, settings: Settings) -> int:
         )
         burst = record.burst if record.burst is not None else f"{settings.api.key_burst} (default)"
         # Only the key goes to stdout, so `KEY=$(ragline keys create --name x)` captures just it.
-        print(f"created {record.id} ({record.name}): rate {rate}, burst {burst}", file=sys.stderr)
+        scopes = " ".join(record.effective_scopes)
+        print(
+            f"created {record.id} ({record.name}): scopes {scopes}, rate {rate}, burst {burst}",
+            file=sys.stderr,
+        )
         print("the key follows; it is shown once, store it now:", file=sys.stderr)
         print(key)
         return 0
     if args.keys_command == "list":
         records = apikeys.list_keys(client, keys)
-        print(f"{'id':<17} {'name':<20} {'created (UTC)':<20} {'rate/s':>8} {'burst':>6}  state")
+        print(f"{'id':<17} {'name':<20} {'created (UTC)':<20} {'rate/s':>8} {'burst':>6}  state    scopes")
         for r in records:
             created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.created_at))
             rate = f"{r.rate:g}" if r.rate is not None else "default"
             burst = str(r.burst) if r.burst is not None else "default"
             state = "revoked" if r.revoked else "active"
-            print(f"{r.id:<17} {r.name[:20]:<20} {created:<20} {rate:>8} {burst:>6}  {state}")
+            scopes = " ".join(r.effective_scopes)
+            print(f"{r.id:<17} {r.name[:20]:<20} {created:<20} {rate:>8} {burst:>6}  {state:<7}  {scopes}")
+        return 0
+    if args.keys_command == "scopes":
+        try:
+            changed = apikeys.set_scopes(client, keys, args.id, args.scopes)
+        except ValueError as exc:
+            print(f"ragline keys scopes: {exc}", file=sys.stderr)
+            return 2
+        if not changed:
+            print(f"no key with id {args.id!r}", file=sys.stderr)
+            return 1
+        print(f"{args.id}: scopes {' '.join(sorted(set(args.scopes)))} from its next request on")
         return 0
     if apikeys.revoke(client, keys, args.id):
         print(f"revoked {args.id}")
@@ -308,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(func=_eval)
 
     worker = sub.add_parser("worker", help="run a Celery worker")
-    worker.add_argument("kind", choices=["retrieval", "generation", "callbacks"])
+    worker.add_argument("kind", choices=["retrieval", "generation", "callbacks", "ingest"])
     worker.set_defaults(func=_worker)
 
     hooks = sub.add_parser("webhooks", help="inspect webhook delivery, set per-key secrets")
@@ -333,7 +355,17 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--name", required=True, help="who or what the key is for")
     create.add_argument("--rate", type=float, help="tokens per second (default: RAGLINE_KEY_RATE_PER_S)")
     create.add_argument("--burst", type=int, help="bucket capacity (default: RAGLINE_KEY_BURST)")
+    create.add_argument(
+        "--scope",
+        action="append",
+        metavar="SCOPE",
+        help="read (the default: query, jobs, list), write:INDEX (also upload to and delete from "
+        "INDEX) or admin (change every index); repeatable",
+    )
     keys_sub.add_parser("list", help="list keys (never the keys themselves)")
+    scopes = keys_sub.add_parser("scopes", help="set a key's scopes (read, write:INDEX, admin)")
+    scopes.add_argument("id")
+    scopes.add_argument("scopes", nargs="+", metavar="SCOPE")
     revoke = keys_sub.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("id")
     keys_cmd.set_defaults(func=_keys)

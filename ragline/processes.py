@@ -55,7 +55,8 @@ def api_command(settings: ApiSettings) -> list[str]:
 
 
 def worker_command(kind: str, settings: Settings) -> list[str]:
-    # Retrieval batches run one at a time on the main thread (see workers/retrieval/app.py);
+    # Retrieval batches run one at a time on the main thread (see workers/retrieval/app.py), and
+    # so do ingests (one index version after another, workers/ingest/app.py);
     # generation needs a thread per request in flight so the engine can batch them; webhook
     # attempts mostly wait on the network (up to webhook_timeout_s each).
     pool = {

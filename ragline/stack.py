@@ -88,7 +88,8 @@ def running_stack(settings: Settings, *, flower: bool = True) -> Iterator[Stack]
     supervisor = Supervisor()
     try:
         settings = settings.replace(redis_url=_redis_url(settings, supervisor, others))
-        for kind in ("retrieval", "generation", "callbacks"):
+        # The ingest worker turns documents uploaded over HTTP into new index versions.
+        for kind in ("retrieval", "generation", "callbacks", "ingest"):
             supervisor.start(
                 f"{kind}-worker",
                 processes.worker_command(kind, settings),

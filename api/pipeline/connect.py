@@ -76,6 +76,7 @@ class Connected:
     ) -> None:
         keys = Keys(settings.redis.key_prefix)
         api = settings.api
+        self._celery = celery
         self._pusher = QueuePusher(settings.redis.redis_url, timeout_s=_ENQUEUE_TIMEOUT_S)
 
         def publish(items: list[RetrieveRequest]) -> asyncio.Future[None]:
@@ -117,6 +118,12 @@ class Connected:
             cancel=cancel,
             owners=StreamOwners(redis, keys, ttl_s=settings.redis.event_stream_ttl_s),
             retrieval_workers=RetrievalWorkers(redis, keys, settings.redis.worker_heartbeat_ttl_s),
+        )
+
+    async def send(self, queue: str, task: str, kwargs: dict[str, object], *, kwargsrepr: str) -> None:
+        """Enqueue one task of another kind than a query's (an ingest, say), bounded like theirs."""
+        await self._pusher.push(
+            queue, task_message(self._celery, task, kwargs, queue=queue, kwargsrepr=kwargsrepr)
         )
 
     async def aclose(self) -> None:

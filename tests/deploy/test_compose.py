@@ -25,6 +25,7 @@ EXPECTED_SERVICES = {
     "redis",
     "api",
     "retrieval-worker",
+    "ingest-worker",
     "generation-worker",
     "generation-worker-gpu",
     "flower",
@@ -219,7 +220,14 @@ def test_common_environment(compose: dict) -> None:
 def test_workers_share_data_volume_and_stop_cleanly(compose: dict) -> None:
     services = compose["services"]
     assert "ragline-data" in compose["volumes"]
-    for name in ("retrieval-worker", "generation-worker", "generation-worker-gpu", "models"):
+    for name in (
+        "retrieval-worker",
+        "ingest-worker",
+        "api",
+        "generation-worker",
+        "generation-worker-gpu",
+        "models",
+    ):
         assert "ragline-data:/data" in services[name]["volumes"], name
         assert services[name]["environment"]["RAGLINE_HOME"] == "/data", name
     for name in ("retrieval-worker", "generation-worker", "generation-worker-gpu"):

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 K8S_DIR = REPO / "deploy" / "k8s"
 K8S_VERSION = "1.30.0"
 
-WORKERS = ("retrieval-worker", "generation-worker", "callbacks-worker")
+WORKERS = ("retrieval-worker", "generation-worker", "callbacks-worker", "ingest-worker")
 SECRET = "ragline-secrets"  # created by hand (docs/operations.md), never in this repository
 NAMESPACE = "ragline"
 WORKER_METRICS_PORT = 9100
@@ -275,7 +275,8 @@ def test_redis_persists_with_aof_and_never_evicts() -> None:
 def test_data_volume_is_read_write_many() -> None:
     pvc = _objects("PersistentVolumeClaim")["ragline-data"]
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
-    for name in ("retrieval-worker", "generation-worker"):
+    # The API stages uploads there; the ingest worker writes index versions.
+    for name in ("retrieval-worker", "generation-worker", "ingest-worker", "api"):
         spec = _objects("Deployment")[name]["spec"]["template"]["spec"]
         claims = [
             v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if "persistentVolumeClaim" in v

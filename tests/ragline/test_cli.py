@@ -116,3 +116,37 @@ def test_webhooks_secret_set_refuses_unknown_keys_and_weak_secrets(settings: Set
     key_id = created.stderr.split("created ", 1)[1].split()[0]
     weak = _ragline(settings, "webhooks", "secret", "set", key_id, "--stdin", stdin="change-me\n")
     assert weak.returncode == 2 and "well-known default" in weak.stderr
+
+
+def test_keys_carry_the_scopes_they_are_created_with(settings: Settings, redis_url: str) -> None:
+    """`ragline keys create --scope` records them (read by default), `keys list` shows them,
+    `keys scopes` changes them, and a scope that is not one is refused before anything is stored."""
+    from broker import apikeys
+    from broker.redis_pool import sync_client
+
+    s = settings.replace(key_prefix="ragline-test-cli-scopes")
+    client, keys = sync_client(s.redis), Keys(s.redis.key_prefix)
+    client.delete(keys.api_keys)
+    try:
+        made = _ragline(s, "keys", "create", "--name", "writer", "--scope", "write:docs", "--scope", "read")
+        assert made.returncode == 0, made.stderr
+        assert "scopes read write:docs" in made.stderr
+        plain = _ragline(s, "keys", "create", "--name", "plain")
+        assert plain.returncode == 0 and "scopes read," in plain.stderr, plain.stderr
+        by_name = {r.name: r for r in apikeys.list_keys(client, keys)}
+        assert by_name["writer"].scopes == ["read", "write:docs"]
+        assert by_name["plain"].scopes == ["read"]
+        listed = _ragline(s, "keys", "list")
+        assert "read write:docs" in listed.stdout, listed.stdout
+        changed = _ragline(s, "keys", "scopes", by_name["plain"].id, "admin")
+        assert changed.returncode == 0, changed.stderr
+        assert apikeys.list_keys(client, keys)[-1].effective_scopes == ("admin",)
+        for bad in ("owner", "write:../x"):
+            refused = _ragline(s, "keys", "create", "--name", "bad", "--scope", bad)
+            assert refused.returncode == 2 and "scope" in refused.stderr, refused.stderr
+            assert "Traceback" not in refused.stderr
+        assert len(apikeys.list_keys(client, keys)) == 2
+        unknown = _ragline(s, "keys", "scopes", "key_nope", "read")
+        assert unknown.returncode == 1 and "no key" in unknown.stderr
+    finally:
+        client.delete(keys.api_keys)

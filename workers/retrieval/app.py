@@ -15,7 +15,7 @@ from typing import Any
 from celery import Task
 from celery.signals import worker_init
 
-from broker import indexes, jobs
+from broker import documents, indexes, jobs
 from broker.cancel import is_cancelled
 from broker.celery_app import create_celery
 from broker.contract import Cancelled, ContractError, Error, GenerateTask, RetrieveTask, StreamEvent
@@ -30,6 +30,7 @@ from workers.retrieval.batch import BatchRetriever, Retrieved
 from workers.retrieval.embedder import Embedder
 from workers.retrieval.embedding_cache import EmbeddingCache
 from workers.retrieval.index_store import IndexCache
+from workers.retrieval.ingest import catalog
 from workers.retrieval.rerank import reranker
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,10 @@ def _warm_up(**_: object) -> None:
         if indexes.lookup(client, keys, info.name) is None:
             indexes.register(client, keys, info)
         # Load every current index now, so no first request pays for reading it from disk.
-        retriever().indexes.get(info.name)
+        loaded = retriever().indexes.get(info.name)
+        # A version ingested before documents were listed (GET /v1/indexes/{name}/documents).
+        if not documents.listed(client, keys, info.name, loaded.info.version):
+            documents.write(client, keys, info.name, loaded.info.version, catalog(loaded.chunks))
     retriever().embed_warm_up()
 
 

@@ -182,6 +182,13 @@ def _flat_vectors(index: faiss.Index) -> np.ndarray | None:
     return faiss.rev_swig_ptr(storage.get_xb(), storage.ntotal * storage.d).reshape(storage.ntotal, storage.d)
 
 
+def stored_vectors(index: faiss.Index) -> np.ndarray | None:
+    """A copy of the exact vectors an HNSW-flat or flat index holds, row i the i-th chunk's; None
+    for an index that keeps only codes (IVF-PQ: its vectors must be embedded again)."""
+    stored = _flat_vectors(index)
+    return None if stored is None else np.array(stored, copy=True)
+
+
 def build_hnsw(vectors: np.ndarray, params: HnswParams) -> faiss.Index:
     index = faiss.IndexHNSWFlat(vectors.shape[1], params.m, faiss.METRIC_INNER_PRODUCT)
     index.hnsw.efConstruction = params.ef_construction
@@ -278,6 +285,34 @@ def _prune(base: Path, *, keep: str) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def discard_version(root: Path, name: str, version: str, *, current: str | None) -> None:
+    """Undo a save of ``version`` that was never registered: CURRENT names ``current`` again
+    (the version still registered; None: CURRENT is removed) and the version's folder goes."""
+    base = root / name
+    if current is not None and (base / current).is_dir():
+        _write_atomic(base / "CURRENT", current)
+    else:
+        (base / "CURRENT").unlink(missing_ok=True)
+    shutil.rmtree(base / version, ignore_errors=True)
+
+
+def remove_index(root: Path, name: str) -> None:
+    """Every file of index ``name``: CURRENT first, so that no worker re-registers it meanwhile."""
+    indexes.check_index_name(name)
+    base = root / name
+    (base / "CURRENT").unlink(missing_ok=True)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def read_version(info: IndexInfo) -> tuple[faiss.Index, list[Chunk]]:
+    """A version's FAISS index and chunks, row for row (what an ingest builds the next one from)."""
+    path = Path(info.path)
+    index = faiss.read_index(str(path / "index.faiss"))
+    with (path / "chunks.jsonl").open() as src:
+        chunks = [_chunk(json.loads(line)) for line in src]
+    return index, chunks
+
+
 def current_on_disk(root: Path) -> list[IndexInfo]:
     """Every index's CURRENT version found on disk (to re-register after a Redis restart)."""
     found = []
@@ -330,6 +365,8 @@ class IndexCache:
             return loaded
         info = indexes.lookup(self._client, self._keys, name)
         if info is None:
+            # Deleted (DELETE /v1/indexes/{name}): its memory goes with it.
+            self._loaded.pop(name, None)
             raise UnknownIndex(name)
         if loaded is None or loaded.info.version != info.version:
             with self._lock:  # one thread loads; the others keep serving the old version

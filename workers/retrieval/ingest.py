@@ -15,7 +15,8 @@ import faiss
 import numpy as np
 from tqdm import tqdm
 
-from broker import indexes
+from broker import documents, indexes
+from broker.documents import DocumentEntry
 from broker.indexes import IndexInfo
 from broker.keys import Keys
 from broker.redis_pool import sync_client
@@ -25,7 +26,7 @@ from workers.retrieval.chunking import Chunk, chunk_sections
 from workers.retrieval.embedder import Embedder
 from workers.retrieval.embedding_cache import EmbeddingCache
 from workers.retrieval.lexical import LexicalIndex
-from workers.retrieval.readers import is_supported, read_document
+from workers.retrieval.readers import TITLE_SEPARATOR, is_supported, read_document
 
 log = logging.getLogger(__name__)
 
@@ -134,13 +135,33 @@ def build_index(settings: RetrievalSettings, vectors: np.ndarray, index_type: st
     raise ValueError(f"unknown index type {index_type!r} (hnsw or ivfpq)")
 
 
-def _record_counts(info: IndexInfo, chunks: list[Chunk]) -> IndexInfo:
+def document_id(chunk: Chunk) -> str:
+    """The document a chunk belongs to: its ``path`` (its file under what was ingested, or the id
+    it was uploaded with), else its source."""
+    return chunk.meta.get("path") or chunk.source
+
+
+def catalog(chunks: Iterable[Chunk]) -> list[DocumentEntry]:
+    """Each document of ``chunks`` once, in order of first appearance: title, path, chunk count."""
+    found: dict[str, DocumentEntry] = {}
+    for chunk in chunks:
+        doc_id = document_id(chunk)
+        entry = found.get(doc_id)
+        if entry is None:
+            title = chunk.title.split(TITLE_SEPARATOR)[0]
+            found[doc_id] = DocumentEntry(doc_id, title, chunk.meta.get("path") or chunk.source, 1)
+        else:
+            found[doc_id] = replace(entry, chunks=entry.chunks + 1)
+    return list(found.values())
+
+
+def record_counts(info: IndexInfo, chunks: list[Chunk]) -> IndexInfo:
     """``info`` with its document count and size on disk (``GET /v1/indexes`` shows them; the API
     cannot read the index's folder), written to its meta.json too, which a worker re-registers
     from when Redis lost the registry."""
     folder = Path(info.path)
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p.name != "meta.json")
-    info = replace(info, documents=len({c.source for c in chunks}), bytes=size)
+    info = replace(info, documents=len({document_id(c) for c in chunks}), bytes=size)
     staged = folder / ".meta.json.tmp"
     staged.write_text(json.dumps(asdict(info)))
     os.replace(staged, folder / "meta.json")
@@ -181,9 +202,14 @@ def ingest(
     info = index_store.save(
         settings.indexes_dir, index_name, index, chunks, index_type=index_type, lexical=lexical
     )
-    info = _record_counts(info, chunks)
-    # Register last: workers switch only once every file of the new version is in place.
+    info = record_counts(info, chunks)
+    previous = indexes.lookup(client, keys, index_name)
+    # The documents' list, then the registry: workers and the API switch only once every file of
+    # the new version, and its list, is in place.
+    documents.write(client, keys, index_name, info.version, catalog(chunks))
     indexes.register(client, keys, info)
+    if previous is not None:
+        documents.retire(client, keys, index_name, previous.version)
     index_bytes = Path(info.path, "index.faiss").stat().st_size
     estimates = index_store.bytes_per_vector_estimates(
         embedder.dim, hnsw_m=retrieval.hnsw_m, pq_m=retrieval.ivf_pq_m

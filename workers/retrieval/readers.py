@@ -1,4 +1,4 @@
-"""Read .txt, .md, .rst and .html documents into titled sections of blocks (stdlib only).
+"""Read .txt, .md, .rst and .html documents into titled sections of blocks (stdlib parsers).
 
 A section is what one heading covers, with the path of headings above it ("Simple statements",
 "The global statement") and the anchor a browser would jump to. Its text is a list of blocks:
@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
+
+from broker.contract import DOCUMENT_SUFFIXES
 
 TITLE_SEPARATOR = " › "
 
@@ -56,7 +58,7 @@ class Document:
     meta: dict[str, str] = field(default_factory=dict)
 
 
-SUPPORTED_SUFFIXES: tuple[str, ...] = (".txt", ".md", ".rst", ".rst.txt", ".html", ".htm")
+SUPPORTED_SUFFIXES: tuple[str, ...] = DOCUMENT_SUFFIXES
 
 
 def is_supported(path: Path) -> bool:

@@ -1,0 +1,343 @@
+"""Documents over HTTP: uploads staged on disk, each write to an index a job on the ``ingest`` queue.
+
+An upload's bytes go to a folder of its own under ``Settings.uploads_dir`` (the volume the API
+and the workers share: one host's home folder, or the data volume in compose and Kubernetes),
+never into Redis, whose memory holds the queues, the door and the caches; the task names the
+folder. The folder is complete (written aside, renamed) before the job exists, and the job
+exists before its task is queued, so an accepted upload is never lost: a worker that dies
+mid-ingest leaves the task unacknowledged, and the next one finds the same folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import redis.asyncio as aioredis
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+
+from api.documents_protocol import DocumentsUpload
+from api.errors import ApiError, invalid
+from api.jobs import checked_webhook, status_url
+from api.jobs_protocol import JobAccepted
+from broker import apikeys, documents, indexes, jobs
+from broker.contract import DOCUMENT_SUFFIXES, IngestOperation, IngestTask, StagedDocument, UploadManifest
+from broker.indexes import IndexInfo
+from broker.keys import Keys
+from broker.settings import ApiSettings, JobSettings, RedisSettings, WebhookSettings
+
+_MAX_ID_CHARS = 256
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+# Enqueue one task: (queue, task name, kwargs, kwargsrepr).
+Send = Callable[..., Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """One document of an upload before it is staged: its id, name on disk, and how to get its bytes."""
+
+    id: str
+    name: str
+    metadata: dict[str, str]
+    write: Callable[[Path], None]
+
+
+def _invalid(message: str) -> ApiError:
+    return ApiError(422, "invalid_request", message)
+
+
+def check_document_id(doc_id: str) -> str:
+    if not 1 <= len(doc_id) <= _MAX_ID_CHARS or not doc_id.isprintable():
+        raise _invalid(f"document id {doc_id[:80]!r} must be 1..{_MAX_ID_CHARS} printable characters")
+    return doc_id
+
+
+def suffix_of(name: str) -> str | None:
+    """The type ``name`` is read as (what `ragline ingest` reads), longest ending first."""
+    lowered = name.lower()
+    return next((s for s in sorted(DOCUMENT_SUFFIXES, key=len, reverse=True) if lowered.endswith(s)), None)
+
+
+def _safe_name(name: str) -> str:
+    """A file name for the staging folder that keeps ``name``'s stem (a headless text's title)."""
+    return _UNSAFE.sub("_", name).lstrip(".") or "document"
+
+
+def check_index(name: str) -> str:
+    if not indexes.valid_index_name(name):
+        raise ApiError(400, "invalid_request", f"index must be {indexes.INDEX_NAME_RULE}")
+    return name
+
+
+def check_write(scopes: tuple[str, ...], index: str) -> None:
+    """403 unless a key with ``scopes`` may change ``index``."""
+    if not apikeys.may_write(scopes, index):
+        held = ", ".join(scopes) or "none"
+        raise ApiError(
+            403,
+            "forbidden",
+            f"this API key may not change index {index!r} (its scopes: {held}); a key with scope "
+            f"admin or write:{index} may (ragline keys create --scope write:{index})",
+        )
+
+
+class DocumentService:
+    def __init__(
+        self,
+        settings: ApiSettings,
+        webhooks: WebhookSettings,
+        redis_settings: RedisSettings,
+        job_settings: JobSettings,
+        *,
+        uploads_dir: Path,
+        redis: aioredis.Redis,
+        send: Send,
+    ) -> None:
+        self._settings = settings
+        self._webhooks = webhooks
+        self._uploads_dir = uploads_dir
+        self._redis = redis
+        self._send = send
+        self._keys = Keys(redis_settings.key_prefix)
+        self._store = jobs.AsyncJobStore(redis, redis_settings, job_settings)
+
+    # -- reading an upload -----------------------------------------------------------------
+
+    def _check_count(self, count: int) -> None:
+        limit = self._settings.upload_max_documents
+        if count == 0:
+            raise _invalid('no documents: send files (multipart/form-data) or {"documents": [...]}')
+        if count > limit:
+            raise _invalid(
+                f"{count} documents in one upload; the limit is {limit} (RAGLINE_UPLOAD_MAX_DOCUMENTS)"
+            )
+
+    @staticmethod
+    def _check_unique(found: list[Incoming]) -> None:
+        seen: set[str] = set()
+        for doc in found:
+            if doc.id in seen:
+                raise _invalid(f"document id {doc.id!r} appears twice in this upload")
+            seen.add(doc.id)
+
+    def from_json(self, body: bytes) -> tuple[list[Incoming], str | None]:
+        try:
+            upload = DocumentsUpload.model_validate_json(body)
+        except ValidationError as exc:
+            raise invalid(list(exc.errors())) from None  # type: ignore[arg-type]
+        self._check_count(len(upload.documents))
+        found = []
+        for i, doc in enumerate(upload.documents):
+            check_document_id(doc.id)
+            if not doc.text.strip():
+                raise _invalid(f"document {doc.id!r} has no text")
+            data = doc.text.encode()
+            found.append(
+                Incoming(doc.id, f"{i}/{_safe_name(doc.id)}.{doc.format}", doc.metadata, _writer(data))
+            )
+        self._check_unique(found)
+        return found, upload.webhook_url
+
+    def from_form(self, form: Any) -> tuple[list[Incoming], str | None]:
+        metadata = _form_metadata(form.get("metadata"))
+        webhook = form.get("webhook_url")
+        files = [v for _, v in form.multi_items() if isinstance(v, UploadFile)]
+        self._check_count(len(files))
+        found = []
+        for i, upload in enumerate(files):
+            name = PurePosixPath((upload.filename or "").replace("\\", "/")).name
+            if not name:
+                raise _invalid(f"file part {i + 1} has no file name (its name is its document id)")
+            if suffix_of(name) is None:
+                raise ApiError(
+                    415,
+                    "unsupported_media_type",
+                    f"{name!r} is not a type ragline reads: use {', '.join(DOCUMENT_SUFFIXES)}",
+                )
+            check_document_id(name)
+            found.append(Incoming(name, f"{i}/{_safe_name(name)}", metadata, _copier(upload)))
+        self._check_unique(found)
+        return found, webhook if isinstance(webhook, str) and webhook else None
+
+    # -- writes: each one a job ------------------------------------------------------------
+
+    async def upload(
+        self, index: str, found: list[Incoming], *, principal: str, webhook_url: str | None
+    ) -> JobAccepted:
+        """Stage ``found`` and start the job that adds (or replaces) them."""
+        webhook = await checked_webhook(self._webhooks, webhook_url) if webhook_url else None
+        job_id = uuid.uuid4().hex
+        root = self._uploads_dir
+        await asyncio.to_thread(_stage, root, job_id, found)
+        try:
+            return await self._start(
+                job_id,
+                principal,
+                IngestTask(
+                    job_id=job_id, index=index, operation="add", staging=job_id, enqueued_at=time.time()
+                ),
+                documents=[d.id for d in found],
+                webhook=webhook,
+            )
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, root / job_id, True)
+            raise
+
+    async def delete_document(self, index: str, doc_id: str, *, principal: str) -> JobAccepted:
+        info = await self._current(index)
+        entry = await documents.aget(self._redis, self._keys, index, info.version, doc_id)
+        if entry is None:
+            if await documents.acount(self._redis, self._keys, index, info.version) == 0:
+                raise _not_listed(info)
+            raise ApiError(404, "unknown_document", f"index {index!r} has no document {doc_id!r}")
+        task = IngestTask(
+            job_id=uuid.uuid4().hex,
+            index=index,
+            operation="delete_documents",
+            document_ids=[doc_id],
+            enqueued_at=time.time(),
+        )
+        return await self._start(task.job_id, principal, task, documents=[doc_id], webhook=None)
+
+    async def delete_index(self, index: str, *, principal: str) -> JobAccepted:
+        """Gone from queries at once (404 from now on); a job removes its files."""
+        info = await indexes.aunregister(self._redis, self._keys, index)
+        if info is None:
+            raise _unknown_index(index)
+        task = IngestTask(
+            job_id=uuid.uuid4().hex,
+            index=index,
+            operation="delete_index",
+            version=info.version,
+            enqueued_at=time.time(),
+        )
+        try:
+            return await self._start(task.job_id, principal, task, documents=[], webhook=None)
+        except BaseException:
+            # Nothing will remove its files: it stays, as if the delete had not been asked.
+            await indexes.aregister(self._redis, self._keys, info)
+            raise
+
+    async def _start(
+        self,
+        job_id: str,
+        principal: str,
+        task: IngestTask,
+        *,
+        documents: list[str],
+        webhook: str | None,
+    ) -> JobAccepted:
+        operation: IngestOperation = task.operation
+        record = jobs.new_ingest_record(
+            job_id=job_id,
+            owner=principal,
+            request={"index": task.index, "operation": operation, "documents": documents},
+            webhook_url=webhook,
+            now=time.time(),
+        )
+        await self._store.create(record, idempotency=None)
+        try:
+            await self._send(
+                "ingest",
+                "ragline.ingest",
+                task.encode(),
+                kwargsrepr=f"{{'index': {task.index!r}, 'operation': {operation!r}, 'job_id': {job_id!r}}}",
+            )
+        except BaseException:
+            await self._store.discard(job_id, idempotency=None)
+            raise
+        return JobAccepted(job_id=job_id, status="queued", status_url=status_url(job_id))
+
+    # -- reads -----------------------------------------------------------------------------
+
+    async def _current(self, index: str) -> IndexInfo:
+        info = await indexes.alookup(self._redis, self._keys, index)
+        if info is None:
+            raise _unknown_index(index)
+        return info
+
+    async def page(self, index: str, *, after: str | None, limit: int) -> dict[str, Any]:
+        page_max = self._settings.documents_page_max
+        if not 1 <= limit <= page_max:
+            raise ApiError(400, "invalid_request", f"limit must be between 1 and {page_max}, got {limit}")
+        info = await self._current(index)
+        found = await documents.apage(self._redis, self._keys, index, info.version, after=after, limit=limit)
+        if found is None:
+            raise _not_listed(info)
+        entries, next_after = found
+        return {
+            "index": index,
+            "version": info.version,
+            "total": await documents.acount(self._redis, self._keys, index, info.version),
+            "documents": [
+                {"id": e.id, "title": e.title, "path": e.path, "chunks": e.chunks} for e in entries
+            ],
+            "next_after": next_after,
+        }
+
+
+def _unknown_index(index: str) -> ApiError:
+    return ApiError(404, "unknown_index", f"index {index!r} does not exist; ingest it first")
+
+
+def _not_listed(info: IndexInfo) -> ApiError:
+    return ApiError(
+        503,
+        "documents_not_listed",
+        f"index {info.name!r} version {info.version} has no list of documents yet: a retrieval "
+        "worker lists it when it starts; retry shortly",
+        headers={"Retry-After": "5"},
+    )
+
+
+def _form_metadata(raw: object) -> dict[str, str]:
+    if raw is None or raw == "":
+        return {}
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        value = None
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise _invalid('metadata must be a JSON object of strings, e.g. {"team": "docs"}')
+    return value
+
+
+def _writer(data: bytes) -> Callable[[Path], None]:
+    return lambda path: path.write_bytes(data)
+
+
+def _copier(upload: UploadFile) -> Callable[[Path], None]:
+    def copy(path: Path) -> None:
+        upload.file.seek(0)
+        with path.open("wb") as out:
+            shutil.copyfileobj(upload.file, out, 1 << 20)
+
+    return copy
+
+
+def _stage(root: Path, job_id: str, found: list[Incoming]) -> None:
+    """The upload's folder, written aside and renamed whole into place."""
+    partial = root / f".{job_id}.partial"
+    (partial / "files").mkdir(parents=True)
+    try:
+        staged = []
+        for doc in found:
+            path = partial / "files" / doc.name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            doc.write(path)
+            staged.append(StagedDocument(id=doc.id, file=f"files/{doc.name}", metadata=doc.metadata))
+        (partial / "manifest.json").write_text(UploadManifest(documents=staged).encode())
+        partial.rename(root / job_id)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise

@@ -1,0 +1,112 @@
+"""Each index version's documents, listed in Redis: what ``GET /v1/indexes/{name}/documents`` shows.
+
+The API never reads an index's files, so whoever writes a version (an ingest, or a retrieval
+worker that finds a current version unlisted at its start) lists its documents here first and
+registers the version after. The list is per version: the registry's version picks the list, so
+a swap changes both at once; a replaced version's list expires a while after the swap.
+
+``<prefix>:docs:<index>:<version>`` hash: document id -> JSON ``{title, path, chunks}``;
+``<prefix>:docids:<index>:<version>`` sorted set of the same ids (scores 0), paged in id order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+
+import redis
+import redis.asyncio as aioredis
+
+from broker.keys import Keys
+
+# A replaced version's list outlives the swap by this much: a page read just before it still
+# finds the rest of its list.
+RETIRED_TTL_S = 3600
+_WRITE_BATCH = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentEntry:
+    id: str
+    title: str  # its first section's title path
+    path: str  # the file it came from (`path` metadata), else its id
+    chunks: int
+
+    def encode(self) -> str:
+        fields = asdict(self)
+        del fields["id"]
+        return json.dumps(fields, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, doc_id: str, raw: str | bytes) -> DocumentEntry:
+        fields = json.loads(raw)
+        return cls(
+            id=doc_id, title=str(fields["title"]), path=str(fields["path"]), chunks=int(fields["chunks"])
+        )
+
+
+def write(client: redis.Redis, keys: Keys, index: str, version: str, entries: Iterable[DocumentEntry]) -> int:
+    """List ``entries`` as ``version``'s documents (replacing any list it had); returns how many."""
+    table, ids = keys.documents(index, version), keys.document_ids(index, version)
+    client.delete(table, ids)
+    batch: list[DocumentEntry] = []
+    count = 0
+
+    def flush() -> None:
+        pipe = client.pipeline(transaction=False)
+        pipe.hset(table, mapping={e.id: e.encode() for e in batch})
+        pipe.zadd(ids, dict.fromkeys((e.id for e in batch), 0))
+        pipe.execute()
+
+    for entry in entries:
+        batch.append(entry)
+        count += 1
+        if len(batch) >= _WRITE_BATCH:
+            flush()
+            batch = []
+    if batch:
+        flush()
+    return count
+
+
+def listed(client: redis.Redis, keys: Keys, index: str, version: str) -> bool:
+    return bool(client.exists(keys.document_ids(index, version)))
+
+
+def retire(client: redis.Redis, keys: Keys, index: str, version: str, *, ttl_s: int = RETIRED_TTL_S) -> None:
+    """``version`` was replaced (or its index deleted): its list expires in ``ttl_s``."""
+    pipe = client.pipeline(transaction=False)
+    pipe.expire(keys.documents(index, version), ttl_s)
+    pipe.expire(keys.document_ids(index, version), ttl_s)
+    pipe.execute()
+
+
+async def apage(
+    client: aioredis.Redis, keys: Keys, index: str, version: str, *, after: str | None, limit: int
+) -> tuple[list[DocumentEntry], str | None] | None:
+    """Up to ``limit`` documents with ids after ``after``, in id order, and the cursor of the next
+    page (None on the last); None when the version has no list."""
+    ids_key = keys.document_ids(index, version)
+    start = "(" + after if after else "-"
+    ids = await client.zrange(ids_key, start, "+", bylex=True, offset=0, num=limit + 1)
+    if not ids and not await client.exists(ids_key):
+        return None
+    more = len(ids) > limit
+    ids = ids[:limit]
+    raws = await client.hmget(keys.documents(index, version), ids) if ids else []
+    entries = [
+        DocumentEntry.decode(i.decode(), raw) for i, raw in zip(ids, raws, strict=True) if raw is not None
+    ]
+    return entries, (ids[-1].decode() if more and ids else None)
+
+
+async def acount(client: aioredis.Redis, keys: Keys, index: str, version: str) -> int:
+    return int(await client.zcard(keys.document_ids(index, version)))
+
+
+async def aget(
+    client: aioredis.Redis, keys: Keys, index: str, version: str, doc_id: str
+) -> DocumentEntry | None:
+    raw = await client.hget(keys.documents(index, version), doc_id)
+    return DocumentEntry.decode(doc_id, raw) if raw is not None else None

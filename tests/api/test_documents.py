@@ -1,0 +1,345 @@
+"""Documents over HTTP on a real stack: an API with keys, a retrieval worker and an ingest worker
+(MiniLM, FAISS), on a Redis database and a home folder of their own. Everything goes through
+ragline.client; the refusals are checked on the wire too."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from broker import apikeys
+from broker.keys import Keys
+from broker.settings import Settings
+from ragline.client import (
+    Client,
+    DocumentIn,
+    Forbidden,
+    InvalidRequest,
+    JobView,
+    NotFound,
+    PayloadTooLarge,
+    SourcesEvent,
+    UnsupportedMediaType,
+)
+from ragline.client.events import DoneEvent
+from tests.helpers import CAFE_DOC, FILLER_DOCS, redis_db_after, stack_on_db
+
+pytestmark = pytest.mark.integration
+
+INDEX = "docs"
+UPLOAD_MAX_BYTES = 400_000
+UPLOAD_MAX_DOCUMENTS = 100
+LIGHTHOUSE = (
+    "# The Vellmar lighthouse\n\nThe Vellmar lighthouse stands on Gull Point. Its keeper, Ingrid "
+    "Solberg, paints the tower red and white every fourth summer. Visitors may climb its 212 steps "
+    "on Saturdays."
+)
+
+
+@dataclass
+class Keyed:
+    base: str
+    settings: Settings
+    redis: redis.Redis
+    admin: str
+    writer: str  # write:docs
+    reader: str
+    legacy: str  # recorded before scopes existed
+
+
+def _legacy_key(client: redis.Redis, keys: Keys) -> str:
+    """A key whose record has no scopes, as `ragline keys create` wrote them before."""
+    key, record = apikeys.create(client, keys, "legacy")
+    old = apikeys.ApiKey(record.id, record.name, record.created_at)
+    raw = old.to_json().replace(', "scopes": null', "")
+    client.hset(keys.api_keys, apikeys.digest(key), raw)
+    return key
+
+
+@pytest.fixture(scope="module")
+def stack(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Keyed]:
+    # The durability tests' database, theirs only while their module runs: each stack flushes it.
+    url = redis_db_after(settings.redis.redis_url, 1, "RAGLINE_TEST_DOCUMENTS_REDIS_URL")
+    home = tmp_path_factory.mktemp("documents-home")
+    with stack_on_db(
+        settings,
+        url,
+        ("retrieval", "ingest"),
+        tmp_path_factory.mktemp("documents-logs"),
+        home=home,
+        auth_enabled=True,
+        default_index=INDEX,
+        upload_max_bytes=UPLOAD_MAX_BYTES,
+        upload_max_documents=UPLOAD_MAX_DOCUMENTS,
+        rate_limit_enabled=False,
+    ) as running:
+        client, keys = running.redis, Keys(running.settings.redis.key_prefix)
+        yield Keyed(
+            running.base,
+            running.settings,
+            client,
+            admin=apikeys.create(client, keys, "admin", scopes=["admin"])[0],
+            writer=apikeys.create(client, keys, "writer", scopes=[f"write:{INDEX}"])[0],
+            reader=apikeys.create(client, keys, "reader")[0],
+            legacy=_legacy_key(client, keys),
+        )
+
+
+def _files(tmp_path: Path) -> list[Path]:
+    (tmp_path / "cafe.md").write_text(CAFE_DOC)
+    paths = [tmp_path / "cafe.md"]
+    for name, text in FILLER_DOCS.items():
+        (tmp_path / name).write_text(text)
+        paths.append(tmp_path / name)
+    return paths
+
+
+def _ask(rl: Client, query: str, index: str = INDEX) -> tuple[SourcesEvent, DoneEvent]:
+    events = list(rl.stream(query, index=index, mode="retrieval", top_k=3))
+    sources = next(e for e in events if isinstance(e, SourcesEvent))
+    done = events[-1]
+    assert isinstance(done, DoneEvent), events
+    return sources, done
+
+
+@pytest.fixture(scope="module")
+def first_version(stack: Keyed, tmp_path_factory: pytest.TempPathFactory) -> JobView:
+    """The index made by a multipart upload of the test corpus, its progress watched meanwhile."""
+    seen: list[JobView] = []
+    with Client(stack.base, api_key=stack.writer) as rl:
+        started = rl.upload(INDEX, files=_files(tmp_path_factory.mktemp("corpus")), wait=False)
+        seen.append(started)
+        deadline = time.monotonic() + 300
+        while seen[-1].status not in ("done", "failed", "cancelled"):
+            assert time.monotonic() < deadline, seen[-1]
+            time.sleep(0.05)
+            seen.append(rl.job(started.job_id))
+    job = seen[-1]
+    assert job.status == "done", job
+    seen_progress = [v.progress for v in seen if v.progress is not None]
+    assert seen_progress, "the record never showed progress"
+    return job
+
+
+def test_a_multipart_upload_makes_the_index_and_its_job_shows_progress(
+    stack: Keyed, first_version: JobView
+) -> None:
+    job = first_version
+    assert job.kind == "ingest"
+    assert job.request.index == INDEX and job.request.operation == "add"
+    assert sorted(job.request.documents) == sorted(["cafe.md", *FILLER_DOCS])
+    result = job.result
+    assert result is not None and result.version
+    assert (result.documents, result.added, result.reused) == (1 + len(FILLER_DOCS), 1 + len(FILLER_DOCS), 0)
+    # The record ends with every chunk embedded of the total, and the new version.
+    assert job.progress is not None
+    assert job.progress.chunks_embedded == job.progress.chunks_total == result.embedded == result.chunks
+    with Client(stack.base, api_key=stack.reader) as rl:
+        detail = rl.index(INDEX)
+        assert (detail.version, detail.documents, detail.chunks) == (result.version, 5, result.chunks)
+        sources, _ = _ask(rl, "When does Café Lumière open?")
+    assert sources.index_version == result.version
+    assert sources.sources[0].source == "cafe.md"
+    assert sources.sources[0].title.startswith("Café Lumière")
+
+
+def test_documents_are_listed_a_page_at_a_time(stack: Keyed, first_version: JobView) -> None:
+    with Client(stack.base, api_key=stack.reader) as rl:
+        pages, after = [], None
+        while True:
+            page = rl.documents(INDEX, after=after, limit=2)
+            pages.append(page)
+            after = page.next_after
+            if after is None:
+                break
+    assert len(pages) == 3
+    listed = [d for page in pages for d in page.documents]
+    assert [d.id for d in listed] == sorted(["cafe.md", *FILLER_DOCS])
+    assert {page.total for page in pages} == {5}
+    assert {page.version for page in pages} == {first_version.result.version}  # type: ignore[union-attr]
+    cafe = next(d for d in listed if d.id == "cafe.md")
+    assert (cafe.title, cafe.path) == ("Café Lumière", "cafe.md")
+    assert sum(d.chunks for d in listed) == first_version.result.chunks  # type: ignore[union-attr]
+
+
+def test_writes_need_an_admin_or_write_scope(stack: Keyed, first_version: JobView) -> None:
+    doc: DocumentIn = {"id": "x", "text": "some text"}
+    for key in (stack.reader, stack.legacy):
+        with Client(stack.base, api_key=key, retries=0) as rl:
+            with pytest.raises(Forbidden) as refused:
+                rl.upload(INDEX, documents=[doc])
+            assert f"write:{INDEX}" in refused.value.message and "admin" in refused.value.message
+            with pytest.raises(Forbidden):
+                rl.delete_document(INDEX, "cafe.md")
+            with pytest.raises(Forbidden):
+                rl.delete_index(INDEX)
+            # Reading is what they could always do.
+            assert rl.documents(INDEX).total == 5
+    with Client(stack.base, api_key=stack.writer, retries=0) as rl, pytest.raises(Forbidden):
+        rl.upload("other", documents=[doc])
+
+
+def test_refusals_415_413_and_past_the_count(stack: Keyed, first_version: JobView) -> None:
+    url = f"{stack.base}/v1/indexes/{INDEX}/documents"
+    headers = {"Authorization": f"Bearer {stack.admin}"}
+    with Client(stack.base, api_key=stack.admin, retries=0) as rl:
+        with pytest.raises(UnsupportedMediaType) as pdf:
+            rl.upload(INDEX, files=[("report.pdf", b"%PDF-1.4")])
+        assert "report.pdf" in pdf.value.message and ".md" in pdf.value.message
+        with pytest.raises(PayloadTooLarge) as large:
+            rl.upload(INDEX, files=[("big.txt", b"word " * (UPLOAD_MAX_BYTES // 5 + 1))])
+        assert str(UPLOAD_MAX_BYTES) in large.value.message
+        too_many: list[DocumentIn] = [{"id": f"d{i}", "text": "t"} for i in range(UPLOAD_MAX_DOCUMENTS + 1)]
+        with pytest.raises(InvalidRequest) as many:
+            rl.upload(INDEX, documents=too_many)
+        assert f"the limit is {UPLOAD_MAX_DOCUMENTS}" in many.value.message
+        with pytest.raises(NotFound):
+            rl.delete_document(INDEX, "no-such-document")
+    reply = httpx.post(url, content=b"plain", headers={**headers, "Content-Type": "text/plain"})
+    assert reply.status_code == 415, reply.text
+    reply = httpx.post(url, json={"documents": [{"id": "a", "text": "t", "colour": "red"}]}, headers=headers)
+    assert reply.status_code == 422 and "colour" in reply.json()["message"]
+    # The refusals left the index as it was.
+    with Client(stack.base, api_key=stack.reader) as rl:
+        assert rl.index(INDEX).version == first_version.result.version  # type: ignore[union-attr]
+
+
+def test_json_documents_join_the_next_version_and_the_old_one_answers_until_the_swap(
+    stack: Keyed, first_version: JobView
+) -> None:
+    question = "Who paints the Vellmar lighthouse?"
+    old = first_version.result.version  # type: ignore[union-attr]
+    filler: list[DocumentIn] = [
+        {"id": f"notes/{i:03d}", "text": f"Note {i}. " + " ".join(f"word{i}x{j}" for j in range(150))}
+        for i in range(60)
+    ]
+    docs: list[DocumentIn] = [
+        {"id": "lighthouse", "text": LIGHTHOUSE, "format": "md", "metadata": {"topic": "sights"}},
+        *filler,
+    ]
+    # Each answer during the ingest: (from the new version, cached, the job's status after, its
+    # phase). A cached answer names no version, so its sources tell: only the new version has
+    # the lighthouse.
+    samples: list[tuple[bool, bool, str, str | None]] = []
+    with Client(stack.base, api_key=stack.admin) as rl:
+        before, _ = _ask(rl, question)
+        assert before.index_version == old
+        assert all(s.source != "lighthouse" for s in before.sources)
+        _, again = _ask(rl, question)
+        assert again.cached, "the second ask of the old version is a cache hit"
+        started = rl.upload(INDEX, documents=docs, wait=False)
+        deadline = time.monotonic() + 300
+        while True:
+            sources, done = _ask(rl, question)
+            job = rl.job(started.job_id)
+            phase = job.progress.phase if job.progress else None
+            newer = sources.sources[0].source == "lighthouse"
+            samples.append((newer, done.cached, job.status, phase))
+            if job.status in ("done", "failed"):
+                break
+            assert time.monotonic() < deadline, job
+        assert job.status == "done", job
+        new = job.result.version  # type: ignore[union-attr]
+        after, after_done = _ask(rl, question)
+    assert new != old
+    # Answered before the swap (the job still short of registering when the answer was back):
+    # the old version, from its cache entry.
+    before_swap = [s for s in samples if s[2] in ("queued", "ingesting") and s[3] != "registering"]
+    assert before_swap and not any(s[0] for s in before_swap), samples
+    assert all(s[1] for s in before_swap), samples
+    assert any(s[2] == "ingesting" and s[3] == "embedding" for s in before_swap), (
+        f"no query was answered while the ingest embedded: {samples}"
+    )
+    # Once an answer came from the new version, none came from the old: the old version's cache
+    # entry was never served after the swap, and the new version's first answer was computed.
+    flags = [s[0] for s in samples]
+    assert flags == sorted(flags), samples
+    first_new = next((s for s in samples if s[0]), None)
+    assert first_new is None or not first_new[1], samples
+    assert after.index_version in (new, None, "")
+    assert after.sources[0].source == "lighthouse", after.sources
+    assert after.sources[0].title == "The Vellmar lighthouse"
+    assert after_done.cached == (first_new is not None)  # the new version's own entry, if made
+    # Only the new documents were embedded; the old ones' vectors were reused.
+    result = job.result
+    assert result is not None
+    assert result.reused == first_version.result.chunks  # type: ignore[union-attr]
+    assert result.embedded == result.chunks - result.reused
+    assert result.documents == 5 + len(docs)
+    assert job.progress is not None and job.progress.chunks_embedded == result.embedded
+
+
+def test_a_deleted_document_is_gone_from_the_next_version(stack: Keyed, first_version: JobView) -> None:
+    with Client(stack.base, api_key=stack.writer) as rl:
+        job = rl.delete_document(INDEX, "trains.txt")
+        assert job.result is not None and job.result.removed == 1
+        ids = {d.id for d in rl.documents(INDEX, limit=1000).documents}
+        assert "trains.txt" not in ids and "cafe.md" in ids
+        sources, _ = _ask(rl, "When does the regional train to the coast leave?")
+    assert sources.index_version == job.result.version
+    assert all(s.source != "trains.txt" for s in sources.sources)
+
+
+def test_a_deleted_index_answers_404_at_once_and_its_files_go(stack: Keyed) -> None:
+    with Client(stack.base, api_key=stack.admin, retries=0) as rl:
+        made = rl.upload("scratch", documents=[{"id": "one", "text": "A short note about kites."}])
+        folder = Path(stack.settings.indexes_dir, "scratch")
+        assert folder.is_dir()
+        started = rl.delete_index("scratch", wait=False)
+        with pytest.raises(NotFound):
+            rl.index("scratch")
+        with pytest.raises(NotFound):
+            list(rl.stream("kites", index="scratch", mode="retrieval"))
+        job = rl.wait_job(started.job_id, timeout=120)
+        assert job.status == "done", job
+        assert not folder.exists()
+        assert made.result is not None
+        # The name is free again.
+        again = rl.upload("scratch", documents=[{"id": "two", "text": "Kites fly on windy days."}])
+        assert again.result is not None and again.result.documents == 1
+
+
+def test_a_cancelled_upload_registers_nothing(stack: Keyed, first_version: JobView) -> None:
+    with Client(stack.base, api_key=stack.admin) as rl:
+        version = rl.index(INDEX).version
+        # Held by "another ingest": the upload waits queued, and is cancelled there.
+        lock = stack.redis.lock(Keys(stack.settings.redis.key_prefix).ingest_lock(INDEX), timeout=60)
+        assert lock.acquire(blocking=False)
+        try:
+            started = rl.upload(INDEX, documents=[{"id": "late", "text": "never indexed"}], wait=False)
+            time.sleep(1.5)
+            assert rl.job(started.job_id).status == "queued"
+            cancelled = rl.cancel_job(started.job_id)
+            assert cancelled.status == "cancelled"
+        finally:
+            lock.release()
+        time.sleep(2)
+        assert rl.index(INDEX).version == version
+        assert "late" not in {d.id for d in rl.documents(INDEX, limit=1000).documents}
+    staged = Path(stack.settings.uploads_dir, started.job_id)
+    deadline = time.monotonic() + 10
+    while staged.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not staged.exists(), "the staged upload outlived its job"
+
+
+def test_the_async_client_uploads_and_lists(stack: Keyed, first_version: JobView) -> None:
+    import asyncio
+
+    from ragline.client import AsyncClient
+
+    async def run() -> tuple[JobView, int]:
+        async with AsyncClient(stack.base, api_key=stack.admin) as rl:
+            job = await rl.upload("async-docs", files=[("faq.md", "# FAQ\n\nThe ferry runs hourly.")])
+            page = await rl.documents("async-docs")
+            await rl.delete_index("async-docs")
+            return job, page.total
+
+    job, total = asyncio.run(run())
+    assert job.status == "done" and total == 1

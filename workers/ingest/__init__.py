@@ -1,0 +1,1 @@
+"""The ingest worker: documents uploaded over HTTP become new index versions."""

@@ -1,0 +1,213 @@
+"""The next version of an index: the previous version's documents, less those dropped, plus the
+uploaded ones, built aside, listed, then registered in one swap.
+
+Only new chunks are embedded where the previous version keeps its exact vectors (HNSW over flat
+vectors: the default): the vectors of the documents it keeps are copied out of its FAISS index,
+and only the graph is built again. An IVF-PQ index keeps codes, not vectors: its kept chunks are
+embedded again, through the embedding cache (hits cost a Redis read, not an encode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import redis
+
+from broker import documents, indexes
+from broker.contract import IngestProgress, IngestResult, UploadManifest
+from broker.indexes import IndexInfo
+from broker.keys import Keys
+from broker.settings import RetrievalSettings, Settings
+from workers.retrieval import index_store
+from workers.retrieval.chunking import Chunk, chunk_sections
+from workers.retrieval.embedder import Embedder
+from workers.retrieval.embedding_cache import EmbeddingCache
+from workers.retrieval.ingest import build_index, catalog, document_id, record_counts
+from workers.retrieval.lexical import LexicalIndex
+from workers.retrieval.readers import read_document
+
+# Told each step; False: the job was cancelled, stop without registering anything.
+Report = Callable[[IngestProgress], bool]
+
+
+class IngestRefused(Exception):
+    """The change cannot be made as asked; ``status`` is what the job's error says (HTTP-like)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class IngestCancelled(Exception):
+    """The job was cancelled while it ran: nothing was registered."""
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What the next version is: the previous one less ``drop``, plus ``add``."""
+
+    add: list[Chunk]
+    added_ids: list[str]
+    drop: frozenset[str]
+
+
+def staged_chunks(settings: RetrievalSettings, folder: Path) -> Change:
+    """The chunks of an upload's folder (its ``manifest.json`` and files), each document's chunks
+    under its id; an upload replaces documents of the same ids."""
+    manifest = UploadManifest.decode((folder / "manifest.json").read_bytes())
+    chunks: list[Chunk] = []
+    for staged in manifest.documents:
+        document = read_document(folder / staged.file)
+        found = chunk_sections(
+            document.sections,
+            source=staged.id,
+            chunk_words=settings.chunk_words,
+            overlap_words=settings.chunk_overlap_words,
+            min_words=settings.chunk_min_words,
+            meta={**document.meta, **staged.metadata, "path": staged.id},
+        )
+        if not found:
+            raise IngestRefused(422, f"document {staged.id!r} has no readable text")
+        chunks.extend(found)
+    ids = [d.id for d in manifest.documents]
+    return Change(add=chunks, added_ids=ids, drop=frozenset(ids))
+
+
+def _embed(
+    embedder: Embedder,
+    cache: EmbeddingCache,
+    chunks: list[Chunk],
+    *,
+    batch_size: int,
+    report: Report,
+) -> np.ndarray:
+    vectors = np.empty((len(chunks), embedder.dim), dtype=np.float32)
+    for start in range(0, len(chunks), batch_size):
+        texts = [c.embed_text for c in chunks[start : start + batch_size]]
+        vectors[start : start + len(texts)] = cache.encode(texts, embedder.encode)
+        done = start + len(texts)
+        if not report(IngestProgress(phase="embedding", chunks_embedded=done, chunks_total=len(chunks))):
+            raise IngestCancelled
+    return vectors
+
+
+def next_version(
+    settings: Settings,
+    client: redis.Redis,
+    keys: Keys,
+    embedder: Embedder,
+    *,
+    index: str,
+    change: Change,
+    report: Report,
+) -> IngestResult:
+    """Build, list and register the next version of ``index`` with ``change``; raises
+    IngestRefused (nothing registered) when it cannot."""
+    previous = indexes.lookup(client, keys, index)
+    kept: list[Chunk] = []
+    kept_vectors: np.ndarray | None = None
+    index_type = "hnsw"
+    present: set[str] = set()
+    if previous is not None:
+        old_index, old_chunks = index_store.read_version(previous)
+        index_type = previous.index_type
+        present = {document_id(c) for c in old_chunks}
+        rows = [i for i, c in enumerate(old_chunks) if document_id(c) not in change.drop]
+        kept = [old_chunks[i] for i in rows]
+        stored = index_store.stored_vectors(old_index)
+        if stored is not None:
+            kept_vectors = stored[rows]
+    missing = sorted(change.drop - present - set(change.added_ids))
+    if missing:
+        raise IngestRefused(404, f"index {index!r} has no document {missing[0]!r}")
+    chunks = kept + change.add
+    if not chunks:
+        raise IngestRefused(
+            409, f"that would leave index {index!r} without documents: DELETE /v1/indexes/{index} removes it"
+        )
+    to_embed = change.add if kept_vectors is not None else chunks
+    retrieval = settings.retrieval
+    cache = EmbeddingCache.for_settings(client, keys, retrieval, model_id=embedder.model_id, dim=embedder.dim)
+    if not report(IngestProgress(phase="embedding", chunks_total=len(to_embed))):
+        raise IngestCancelled
+    fresh = _embed(embedder, cache, to_embed, batch_size=retrieval.embed_batch_size, report=report)
+    vectors = fresh if kept_vectors is None else np.concatenate([kept_vectors, fresh])
+    if not report(
+        IngestProgress(phase="indexing", chunks_embedded=len(to_embed), chunks_total=len(to_embed))
+    ):
+        raise IngestCancelled
+    built = build_index(retrieval, vectors, index_type)
+    lexical = LexicalIndex.build([c.embed_text for c in chunks])
+    info = index_store.save(
+        settings.indexes_dir, index, built, chunks, index_type=index_type, lexical=lexical
+    )
+    info = record_counts(info, chunks)
+    entries = catalog(chunks)
+    documents.write(client, keys, index, info.version, entries)
+    done = IngestProgress(phase="registering", chunks_embedded=len(to_embed), chunks_total=len(to_embed))
+    _swap(settings, client, keys, info, previous, report, done)
+    replaced = len(present & change.drop)
+    return IngestResult(
+        index=index,
+        version=info.version,
+        documents=len(entries),
+        chunks=len(chunks),
+        added=len(change.added_ids),
+        removed=replaced,
+        embedded=len(to_embed),
+        reused=len(kept) if kept_vectors is not None else 0,
+    )
+
+
+def _swap(
+    settings: Settings,
+    client: redis.Redis,
+    keys: Keys,
+    info: IndexInfo,
+    previous: IndexInfo | None,
+    report: Report,
+    progress: IngestProgress,
+) -> None:
+    """Register ``info`` in place of ``previous``: the moment queries move to it. Undone (its
+    files removed, CURRENT put back) when the job was cancelled or the index changed meanwhile."""
+    expected = previous.version if previous else None
+    if not report(progress):
+        _undo(settings, client, keys, info, expected)
+        raise IngestCancelled
+    if not indexes.replace(client, keys, info, expected=expected):
+        _undo(settings, client, keys, info, expected)
+        raise IngestRefused(409, f"index {info.name!r} was deleted or replaced while this ran; try again")
+    if previous is not None:
+        documents.retire(client, keys, info.name, previous.version)
+
+
+def _undo(settings: Settings, client: redis.Redis, keys: Keys, info: IndexInfo, current: str | None) -> None:
+    registered = indexes.lookup(client, keys, info.name)
+    index_store.discard_version(
+        settings.indexes_dir, info.name, info.version, current=registered.version if registered else current
+    )
+    documents.retire(client, keys, info.name, info.version, ttl_s=1)
+
+
+def remove(
+    settings: Settings, client: redis.Redis, keys: Keys, *, index: str, version: str | None
+) -> IngestResult:
+    """The files of a deleted index (the API unregistered it already); when it was made again
+    since, only the deleted version's folder."""
+    registered = indexes.lookup(client, keys, index)
+    removed = 0
+    if version is not None:
+        removed = len(_listed_ids(client, keys, index, version))
+        documents.retire(client, keys, index, version, ttl_s=1)
+    if registered is None:
+        index_store.remove_index(settings.indexes_dir, index)
+    elif version is not None and version != registered.version:
+        index_store.discard_version(settings.indexes_dir, index, version, current=registered.version)
+    return IngestResult(index=index, version=None, documents=0, chunks=0, removed=removed)
+
+
+def _listed_ids(client: redis.Redis, keys: Keys, index: str, version: str) -> list[bytes]:
+    return list(client.zrange(keys.document_ids(index, version), 0, -1))
