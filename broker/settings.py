@@ -267,6 +267,16 @@ class Settings(BaseSettings):
     # A default that refuses to start outside dev_mode; `ragline up` generates one on first start.
     flower_password: str = "ragline"
 
+    # -- OpenAI-compatible chat (issue 22: POST /v1/chat/completions) ---------------------------
+    # A conversation's earlier turns a request brings into the prompt: the API keeps the most
+    # recent this many, and the prompt gives them at most max_history_tokens (0: whatever the
+    # model length leaves), dropping the oldest first.
+    max_history_turns: int = 16
+    max_history_tokens: int = 512
+    # A request's own sampling, within these bounds (its max_tokens is capped at max_new_tokens).
+    max_temperature: float = 2.0
+    max_stop_sequences: int = 4
+
     # Which settings were filled from the host, and why (see host_defaults_line).
     _from_host: dict[str, host.Choice] = PrivateAttr(default_factory=dict)
 
