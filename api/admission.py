@@ -20,7 +20,7 @@ from enum import Enum
 from broker import metrics
 from broker.backpressure import BackpressureMonitor
 from broker.queues import GENERATION_QUEUE, RETRIEVAL_QUEUE
-from broker.settings import Settings
+from broker.settings import ApiSettings
 
 
 class Action(Enum):
@@ -52,7 +52,7 @@ def _seconds(value: float) -> str:
 
 
 class Admission:
-    def __init__(self, settings: Settings, monitor: BackpressureMonitor | None) -> None:
+    def __init__(self, settings: ApiSettings, monitor: BackpressureMonitor | None) -> None:
         self._s = settings
         self._monitor = monitor
         # Requests this process admitted since the snapshot it decides on was taken: the snapshot

@@ -19,7 +19,7 @@ from broker.backpressure import BackpressureMonitor
 from broker.celery_app import create_celery
 from broker.keys import Keys
 from broker.queues import QUEUES
-from broker.ratelimit import Door, Limits
+from broker.ratelimit import Door
 from broker.redis_pool import async_client
 from broker.secret_policy import refuse_defaults
 from broker.settings import Settings, get_settings
@@ -32,42 +32,30 @@ _MAX_BODY_BYTES = 64 * 1024
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     refuse_defaults(settings, "api")  # never on the public development webhook secret
-    keys = Keys(settings.key_prefix)
+    keys = Keys(settings.redis.key_prefix)
+    api = settings.api
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if not settings.auth_enabled:
+        if not api.auth_enabled:
             log.warning(
                 "RAGLINE_AUTH_ENABLED is false: every request is served without an API key. "
                 "For a local demo only; never expose this API."
             )
         app.state.settings = settings
-        app.state.redis = async_client(settings)
+        app.state.redis = async_client(settings.redis)
         app.state.monitor = BackpressureMonitor(
             app.state.redis,
             keys,
             QUEUES,
-            refresh_s=settings.backpressure_refresh_ms / 1000,
-            tau_s=settings.service_rate_tau_s,
-            heartbeat_ttl_s=settings.worker_heartbeat_ttl_s,
+            refresh_s=api.backpressure_refresh_ms / 1000,
+            tau_s=api.service_rate_tau_s,
+            heartbeat_ttl_s=settings.redis.worker_heartbeat_ttl_s,
         )
         app.state.monitor.start()
-        app.state.admission = Admission(settings, app.state.monitor)
-        app.state.access = Access(
-            Door(
-                app.state.redis,
-                keys,
-                Limits(
-                    key_rate=settings.key_rate_per_s,
-                    key_burst=settings.key_burst,
-                    global_rate=settings.global_rate_per_s,
-                    global_burst=settings.global_burst,
-                ),
-                auth=settings.auth_enabled,
-                rate_limit=settings.rate_limit_enabled,
-            )
-        )
-        connected = Connected(settings, app.state.redis, create_celery(settings), app.state.admission)
+        app.state.admission = Admission(api, app.state.monitor)
+        app.state.access = Access(Door.of(app.state.redis, keys, api))
+        connected = Connected(settings, app.state.redis, create_celery(settings.redis), app.state.admission)
         app.state.pipeline = connected.pipeline
         # Everything built so far lives as long as the process: out of the collector's sight, a
         # full collection no longer walks it (tens of ms, paid by whichever request triggers it).

@@ -16,7 +16,7 @@ from broker import jobs
 from broker.cancel import arequest_cancel
 from broker.contract import ContractError
 from broker.keys import Keys
-from broker.settings import Settings
+from broker.settings import JobSettings, RedisSettings, WebhookSettings
 from broker.ssrf import ResolverBusy, WebhookRefused, check_url
 
 _MAX_IDEMPOTENCY_KEY = 255
@@ -37,15 +37,23 @@ def _accepted(job_id: str, status: str) -> JobAccepted:
 
 
 class JobService:
-    def __init__(self, settings: Settings, redis: aioredis.Redis, pipeline: Pipeline) -> None:
+    def __init__(
+        self,
+        settings: JobSettings,
+        webhooks: WebhookSettings,
+        redis_settings: RedisSettings,
+        redis: aioredis.Redis,
+        pipeline: Pipeline,
+    ) -> None:
         self._settings = settings
+        self._webhooks = webhooks
         self._redis = redis
         self._pipeline = pipeline
-        self._keys = Keys(settings.key_prefix)
-        self._store = jobs.AsyncJobStore(redis, settings)
+        self._keys = Keys(redis_settings.key_prefix)
+        self._store = jobs.AsyncJobStore(redis, redis_settings, settings)
 
     async def _check_webhook(self, url: str) -> str:
-        s = self._settings
+        s = self._webhooks
         try:
             # getaddrinfo blocks: off the event loop, and bounded by the guard itself.
             await asyncio.to_thread(

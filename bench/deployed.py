@@ -331,9 +331,10 @@ def engine_only(prompts_file: Path, result_file: Path) -> None:
     """In a process of its own: the bare engine, the prompts one at a time (TTFT, e2e, tokens)."""
     from broker.settings import get_settings
     from workers.generation.engine import EngineHost
+    from workers.generation.model_prep import generation_model_path
 
     settings = get_settings()
-    host = EngineHost(settings)
+    host = EngineHost(settings.generation, generation_model_path(settings))
     host.start()
     rows = []
     try:
@@ -343,8 +344,8 @@ def engine_only(prompts_file: Path, result_file: Path) -> None:
             for delta in host.stream(
                 f"bare-{i}",
                 prompt,
-                max_tokens=settings.max_new_tokens,
-                timeout_s=settings.generation_timeout_s,
+                max_tokens=settings.generation.max_new_tokens,
+                timeout_s=settings.generation.generation_timeout_s,
             ):
                 if delta.text and math.isnan(first):
                     first = time.perf_counter() - started
@@ -366,7 +367,7 @@ def rebuild_prompts(env: dict[str, str], samples: list[RagSample]) -> list[str]:
     settings = _settings_from(env)
     tokenizer = AutoTokenizer.from_pretrained(generation_model_path(settings))
     return [
-        build_rag_prompt(settings, tokenizer, s.question, SOURCES.validate_python(s.sources)).text
+        build_rag_prompt(settings.generation, tokenizer, s.question, SOURCES.validate_python(s.sources)).text
         for s in samples
     ]
 
@@ -518,11 +519,11 @@ def run(args: argparse.Namespace) -> int:
     import redis
 
     redis.Redis.from_url(args.redis_url).flushdb()
-    base_settings = Settings(home=args.home, redis_url=args.redis_url, default_index=index)
+    base_settings = Settings().replace(home=args.home, redis_url=args.redis_url, default_index=index)
     from workers.generation.model_prep import prepare_default_model
 
     prepare_default_model(base_settings)
-    ensure_index(base_settings.model_copy(update={"default_index": index}), docs, index=index)
+    ensure_index(base_settings.replace(default_index=index), docs, index=index)
     faq = [q for q, _, _ in faq_labels(args.docs)]
     load = Questions(load_queries(base_settings, index=index))
     headers = api_key(args.redis_url)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 from broker.settings import Settings
@@ -11,9 +10,7 @@ from broker.settings import Settings
 def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
     """This process's environment plus every setting (lists and dicts as JSON, as
     pydantic-settings reads them)."""
-    env = dict(os.environ)
-    for name, value in settings.model_dump().items():
-        env[f"RAGLINE_{name.upper()}"] = json.dumps(value) if isinstance(value, list | dict) else str(value)
+    env = dict(os.environ) | settings.environment()
     # A benchmark's processes live on this machine for one run: development secrets will do.
     env.update(
         HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", RAGLINE_DEV_MODE="true"

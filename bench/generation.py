@@ -89,7 +89,7 @@ def build_prompts(settings: Settings, requests: list[tuple[str, list[Source]]]) 
     from workers.generation.prompt import build_rag_prompt
 
     tok = AutoTokenizer.from_pretrained(generation_model_path(settings))
-    return [build_rag_prompt(settings, tok, q, s).text for q, s in requests]
+    return [build_rag_prompt(settings.generation, tok, q, s).text for q, s in requests]
 
 
 def run_threads(stream_fn, prompts: list[str], c: int, max_tokens: int) -> tuple[int, float, list, list]:
@@ -132,8 +132,9 @@ def run_threads(stream_fn, prompts: list[str], c: int, max_tokens: int) -> tuple
 
 def bench_transformers(settings: Settings, prompts: list[str], max_tokens: int) -> list[dict]:
     from workers.generation.hf_engine import TransformersEngine
+    from workers.generation.model_prep import generation_model_path
 
-    engine = TransformersEngine(settings)
+    engine = TransformersEngine(settings.generation, generation_model_path(settings))
     engine.start()
     rows = []
     # One at a time: each prompt timed alone (batch of one).
@@ -162,8 +163,9 @@ def bench_transformers(settings: Settings, prompts: list[str], max_tokens: int) 
 
 def bench_vllm(settings: Settings, prompts: list[str], max_tokens: int) -> list[dict]:
     from workers.generation.engine import EngineHost
+    from workers.generation.model_prep import generation_model_path
 
-    engine = EngineHost(settings)
+    engine = EngineHost(settings.generation, generation_model_path(settings))
     started = time.perf_counter()
     engine.start()
     print(f"vLLM engine started in {time.perf_counter() - started:.0f}s", flush=True)
@@ -185,9 +187,9 @@ async def _via_worker(settings: Settings, requests: list[tuple[str, list[Source]
     from broker.queues import GENERATE_TASK, GENERATION_QUEUE
     from broker.redis_pool import async_client
 
-    app = create_celery(settings)
-    client = async_client(settings)
-    keys = Keys(settings.key_prefix)
+    app = create_celery(settings.redis)
+    client = async_client(settings.redis)
+    keys = Keys(settings.redis.key_prefix)
     sem = asyncio.Semaphore(c)
     ttft, e2e, tokens = [], [], 0
 
@@ -221,13 +223,15 @@ def _wait_live(settings: Settings, queue: str, sup: Supervisor, timeout: float =
 
     from broker.keys import Keys
 
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis.Redis.from_url(settings.redis.redis_url)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if (dead := sup.exited()) is not None:
             raise RuntimeError(f"{dead.name} exited ({dead.proc.returncode})")
         if client.zcount(
-            Keys(settings.key_prefix).workers(queue), time.time() - settings.worker_heartbeat_ttl_s, "+inf"
+            Keys(settings.redis.key_prefix).workers(queue),
+            time.time() - settings.redis.worker_heartbeat_ttl_s,
+            "+inf",
         ):
             return
         time.sleep(0.5)
@@ -250,7 +254,9 @@ def lone_requests(settings: Settings, base: str, questions: list[str], n: int = 
     from broker import apikeys
     from broker.keys import Keys
 
-    key, _ = apikeys.create(redis.Redis.from_url(settings.redis_url), Keys(settings.key_prefix), "bench")
+    key, _ = apikeys.create(
+        redis.Redis.from_url(settings.redis.redis_url), Keys(settings.redis.key_prefix), "bench"
+    )
     lone = Lone()
     headers = {"Authorization": f"Bearer {key}"}
     with httpx.Client(base_url=base, timeout=120, headers=headers) as client:
@@ -287,7 +293,7 @@ def main() -> int:
     args = parser.parse_args()
     if not DOCS.exists():
         raise SystemExit(f"{DOCS} not found: apt-get install python3.11-doc")
-    settings = Settings(
+    settings = Settings().replace(
         home=args.home,
         redis_url=args.redis_url,
         enforce_eager=args.eager,
@@ -308,12 +314,12 @@ def main() -> int:
 
     import redis
 
-    redis.Redis.from_url(settings.redis_url).flushdb()
+    redis.Redis.from_url(settings.redis.redis_url).flushdb()
     from workers.retrieval.ingest import ingest
 
     ingest(settings, [DOCS / "faq"], index_name=FAQ_INDEX, progress=False)
     port = free_port()
-    env = settings_env(settings.model_copy(update={"api_port": port}))
+    env = settings_env(settings.replace(api_port=port))
     with Supervisor() as sup:  # stops them all on the way out, a SIGTERM or a timeout's included
         for name, cmd in (
             ("generation", "worker generation"),

@@ -96,11 +96,9 @@ class Stack:
         s = self.settings
         port = processes.free_port()
         env = settings_env(
-            s.model_copy(
-                update={"api_port": port, "admission_enabled": admission, "rate_limit_enabled": admission}
-            )
+            s.replace(api_port=port, admission_enabled=admission, rate_limit_enabled=admission)
         )
-        self.start("api", processes.api_command(s.model_copy(update={"api_port": port})), env)
+        self.start("api", processes.api_command(s.replace(api_port=port).api), env)
         base = f"http://127.0.0.1:{port}"
         self.wait_ready(base)
         return base
@@ -125,7 +123,7 @@ def ensure_index(settings: Settings) -> None:
     from workers.retrieval import index_store
     from workers.retrieval.ingest import ingest
 
-    client, keys = sync_client(settings), Keys(settings.key_prefix)
+    client, keys = sync_client(settings.redis), Keys(settings.redis.key_prefix)
     for info in index_store.current_on_disk(settings.indexes_dir):
         indexes.register(client, keys, info)
     if indexes.lookup(client, keys, INDEX) is None:
@@ -157,7 +155,7 @@ class Bodies:
 
 def drained(settings: Settings, timeout_s: float = 120) -> None:
     """Wait until both queues are empty and nothing is held unacknowledged."""
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis.Redis.from_url(settings.redis.redis_url)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         waiting = sum(client.llen(k) for q in QUEUES for k in priority_lists(q))
@@ -177,8 +175,8 @@ def prediction_errors(samples: list[Sample]) -> list[float]:
 
 
 def done_counts(settings: Settings) -> dict[str, int]:
-    client = redis.Redis.from_url(settings.redis_url)
-    keys = Keys(settings.key_prefix)
+    client = redis.Redis.from_url(settings.redis.redis_url)
+    keys = Keys(settings.redis.key_prefix)
     return {q: int(client.hget(keys.done(q), "requests") or 0) for q in (RETRIEVAL_QUEUE, GENERATION_QUEUE)}
 
 
@@ -344,7 +342,7 @@ def main() -> int:
     if not models.exists():
         args.home.mkdir(parents=True, exist_ok=True)
         models.symlink_to(Settings().models_dir, target_is_directory=True)
-    settings = Settings(
+    settings = Settings().replace(
         home=args.home,
         redis_url=args.redis_url,
         default_index=INDEX,
@@ -357,7 +355,7 @@ def main() -> int:
     )
     redis.Redis.from_url(args.redis_url).flushdb()
     ensure_index(settings)
-    client, keys = redis.Redis.from_url(args.redis_url), Keys(settings.key_prefix)
+    client, keys = redis.Redis.from_url(args.redis_url), Keys(settings.redis.key_prefix)
     probe_key, _ = apikeys.create(client, keys, "bench-probe", rate=1e6, burst=1_000_000)
     probe = {"Authorization": f"Bearer {probe_key}"}
 

@@ -79,7 +79,7 @@ def ensure_index(settings: Settings, docs: Path, *, index: str = INDEX) -> None:
     from workers.retrieval import index_store
     from workers.retrieval.ingest import ingest
 
-    client, keys = sync_client(settings), Keys(settings.key_prefix)
+    client, keys = sync_client(settings.redis), Keys(settings.redis.key_prefix)
     if indexes.lookup(client, keys, index) is None:
         for info in index_store.current_on_disk(settings.indexes_dir):
             indexes.register(client, keys, info)
@@ -94,8 +94,8 @@ def fresh_prefix(settings: Settings) -> str:
     from broker.keys import Keys
     from broker.redis_pool import sync_client
 
-    client = sync_client(settings)
-    info = indexes.lookup(client, Keys(settings.key_prefix), INDEX)
+    client = sync_client(settings.redis)
+    info = indexes.lookup(client, Keys(settings.redis.key_prefix), INDEX)
     assert info is not None
     prefix = f"ragline-bench-{os.urandom(4).hex()}"
     indexes.register(client, Keys(prefix), info)
@@ -105,7 +105,7 @@ def fresh_prefix(settings: Settings) -> str:
 def forget_prefix(settings: Settings, prefix: str) -> None:
     import redis
 
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis.Redis.from_url(settings.redis.redis_url)
     batch = []
     for key in client.scan_iter(match=f"{prefix}:*", count=1000):
         batch.append(key)
@@ -143,7 +143,7 @@ def load_queries(settings: Settings, *, index: str = INDEX, seed: int = 0) -> li
     from broker.keys import Keys
     from broker.redis_pool import sync_client
 
-    info = indexes.lookup(sync_client(settings), Keys(settings.key_prefix), index)
+    info = indexes.lookup(sync_client(settings.redis), Keys(settings.redis.key_prefix), index)
     assert info is not None
     titles = set()
     with open(Path(info.path) / "chunks.jsonl") as src:
@@ -205,24 +205,28 @@ def recall_and_ceiling(
     from workers.retrieval import index_store
     from workers.retrieval.embedder import Embedder
 
-    info = indexes.lookup(sync_client(settings), Keys(settings.key_prefix), INDEX)
+    info = indexes.lookup(sync_client(settings.redis), Keys(settings.redis.key_prefix), INDEX)
     assert info is not None
-    hnsw = index_store.load(info, ef_search=settings.hnsw_ef_search)
+    hnsw = index_store.load(info, ef_search=settings.retrieval.hnsw_ef_search)
     vectors = hnsw.index.reconstruct_n(0, hnsw.index.ntotal)
     flat = faiss.IndexFlatIP(vectors.shape[1])
     flat.add(vectors)
     ivf = index_store.build_ivfpq(
         vectors,
-        index_store.IvfPqParams(nlist=settings.ivf_nlist, pq_m=settings.ivf_pq_m, refine=settings.ivf_refine),
-        nprobe=settings.ivf_nprobe,
+        index_store.IvfPqParams(
+            nlist=settings.retrieval.ivf_nlist,
+            pq_m=settings.retrieval.ivf_pq_m,
+            refine=settings.retrieval.ivf_refine,
+        ),
+        nprobe=settings.retrieval.ivf_nprobe,
     )
-    embedder = Embedder(settings)
+    embedder = Embedder(settings.retrieval)
     q = embedder.encode([question for question, _, _ in labels])
     relevant = [
         {i for i, c in enumerate(hnsw.chunks) if c.source == src and anchor in c.anchors}
         for _, src, anchor in labels
     ]
-    knobs = index_store.SearchKnobs(refine_k_factor=settings.ivf_refine_k_factor)
+    knobs = index_store.SearchKnobs(refine_k_factor=settings.retrieval.ivf_refine_k_factor)
     ivf_loaded = index_store.LoadedIndex(replace(info, index_type="ivfpq"), ivf, hnsw.chunks)
     out: dict[str, float] = {}
     for name, index in (("flat", flat), ("hnsw", hnsw.index)):
@@ -335,7 +339,7 @@ def start_reference(kind: str, settings: Settings) -> Server:
 def start_ragline(settings: Settings, prefix: str, **update: object) -> Server:
     """An API and a retrieval worker on a fresh port, under ``prefix``."""
     port = free_port()
-    env = settings_env(settings.model_copy(update={"api_port": port, "key_prefix": prefix, **update}))
+    env = settings_env(settings.replace(**{"api_port": port, "key_prefix": prefix, **update}))
     return _start(
         [
             [sys.executable, "-m", "ragline", "worker", "retrieval"],
@@ -354,7 +358,7 @@ def mode_throughput(
     is the worker's (RAGLINE_RETRIEVAL_MODE), so each has a stack of its own, one up at a time
     (they would share the retrieval queue), in turns, so both see the same stretches of a
     shared machine's drift."""
-    parts: dict[str, list[LoadResult]] = {"dense": [], settings.retrieval_mode: []}
+    parts: dict[str, list[LoadResult]] = {"dense": [], settings.retrieval.retrieval_mode: []}
     offset = 0
     for _ in range(rounds):
         for mode in parts:
@@ -414,7 +418,7 @@ def main() -> int:
         raise SystemExit(f"{args.docs} not found: apt-get install python3.11-doc")
 
     # Keys and rate limits off: this measures serving, and wrk sends no key.
-    settings = Settings(
+    settings = Settings().replace(
         home=args.home,
         redis_url=args.redis_url,
         default_index=INDEX,
@@ -428,9 +432,9 @@ def main() -> int:
     queries = load_queries(settings)
     print(f"{len(labels)} FAQ labels, {len(queries)} distinct load queries", flush=True)
     if args.modes_only:
-        print(f"{settings.retrieval_mode} (the default) against dense-only, 64 clients", flush=True)
+        print(f"{settings.retrieval.retrieval_mode} (the default) against dense-only, 64 clients", flush=True)
         ratio = report_modes(
-            mode_throughput(settings, queries, duration=args.duration), settings.retrieval_mode
+            mode_throughput(settings, queries, duration=args.duration), settings.retrieval.retrieval_mode
         )
         print(json.dumps({k: round(v, 3) for k, v in ratio.items()}))
         return 0
@@ -491,7 +495,7 @@ def main() -> int:
 
     print("the default retrieval mode against dense-only, 64 clients", flush=True)
     modes = mode_throughput(settings, queries, duration=args.duration)
-    return report(results, quality, args.out, modes, settings.retrieval_mode)
+    return report(results, quality, args.out, modes, settings.retrieval.retrieval_mode)
 
 
 def report(

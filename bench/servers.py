@@ -27,10 +27,12 @@ def naive_app() -> FastAPI:
     from workers.retrieval.embedder import Embedder
 
     settings = get_settings()
-    embedder = Embedder(settings)
-    info = indexes.lookup(sync_client(settings), Keys(settings.key_prefix), settings.default_index)
+    embedder = Embedder(settings.retrieval)
+    info = indexes.lookup(
+        sync_client(settings.redis), Keys(settings.redis.key_prefix), settings.retrieval.default_index
+    )
     assert info is not None, "ingest the index first"
-    loaded = index_store.load(info, ef_search=settings.hnsw_ef_search)
+    loaded = index_store.load(info, ef_search=settings.retrieval.hnsw_ef_search)
     app = FastAPI()
 
     @app.post("/v1/query")
@@ -52,7 +54,7 @@ def floor_app() -> FastAPI:
     import redis.asyncio as aioredis
 
     settings = get_settings()
-    client = aioredis.Redis.from_url(settings.redis_url)
+    client = aioredis.Redis.from_url(settings.redis.redis_url)
     app = FastAPI()
 
     @app.post("/v1/query")

@@ -13,11 +13,11 @@ from broker.queues import (
     RETRIEVAL_QUEUE,
     RETRIEVE_TASK,
 )
-from broker.settings import Settings, get_settings
+from broker.settings import RedisSettings, get_settings
 
 
-def create_celery(settings: Settings | None = None) -> Celery:
-    settings = settings or get_settings()
+def create_celery(settings: RedisSettings | None = None) -> Celery:
+    settings = settings or get_settings().redis
     # The same transport options bound every broker call and tell Redis when to redeliver a task
     # whose worker died (acks_late): Celery reads visibility_timeout from both option dicts.
     transport_options = {

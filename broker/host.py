@@ -1,6 +1,7 @@
 """What this host offers a process, and the defaults that follow from it.
 
-Settings left unset (``None``) are filled from here when a :class:`~broker.settings.Settings` is
+Settings left unset (empty or 0) are filled from here when the settings group that owns them
+(:class:`~broker.settings.GenerationSettings`, :class:`~broker.settings.RetrievalSettings`) is
 built, so every process sizes itself from the cores it may use (``os.sched_getaffinity``: a
 container's or a ``taskset``'s share, not the machine's), its memory and its CPU's features,
 and not from the box the project was developed on. Each value filled in keeps its reason, and
@@ -102,6 +103,15 @@ def core_list(cores: tuple[int, ...]) -> str:
         parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
         i = j + 1
     return ",".join(parts)
+
+
+def cores_in(cores: str) -> int:
+    """How many CPU ids a list such as ``0-3,8`` names (at least one)."""
+    count = 0
+    for part in filter(None, (p.strip() for p in cores.split(","))):
+        first, _, last = part.partition("-")
+        count += int(last or first) - int(first) + 1
+    return max(1, count)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ import redis.asyncio as aioredis
 
 from broker.contract import SOURCES, Cancelled, Done, Error, Sources, decode_sources
 from broker.keys import Keys
-from broker.settings import Settings
+from broker.settings import JobSettings, RedisSettings
 
 STAGES = ("queued", "retrieving", "generating")
 FINAL_STATUSES = ("done", "failed", "cancelled")
@@ -151,20 +151,21 @@ class JobTracker:
         return outcome.decode() if isinstance(outcome, bytes) else outcome
 
 
-def tracker(client: redis.Redis, settings: Settings, job_id: str | None) -> JobTracker | None:
+def tracker(client: redis.Redis, keys: Keys, jobs: JobSettings, job_id: str | None) -> JobTracker | None:
     """The tracker for a task's ``job_id`` kwarg; None for a plain query."""
     if not job_id:
         return None
-    return JobTracker(client, Keys(settings.key_prefix), job_id, job_ttl_s=settings.job_ttl_s)
+    return JobTracker(client, keys, job_id, job_ttl_s=jobs.job_ttl_s)
 
 
 class AsyncJobStore:
     """The API's side: create (idempotently), read, cancel."""
 
-    def __init__(self, client: aioredis.Redis, settings: Settings) -> None:
+    def __init__(self, client: aioredis.Redis, redis_settings: RedisSettings, jobs: JobSettings) -> None:
         self._client = client
-        self._settings = settings
-        self._keys = Keys(settings.key_prefix)
+        self._jobs = jobs
+        self._streams = redis_settings
+        self._keys = Keys(redis_settings.key_prefix)
         self._create = client.register_script(lua("job_create"))
         self._finish = client.register_script(lua("job_finish"))
 
@@ -173,7 +174,7 @@ class AsyncJobStore:
         The owner keeps at most ``job_records_per_key`` records: a create past it removes the
         owner's oldest finished ones that have nothing left to deliver."""
         job_id = record["id"]
-        s = self._settings
+        s = self._jobs
         created, found = await self._create(
             keys=[
                 self._keys.job(job_id),
@@ -212,15 +213,14 @@ class AsyncJobStore:
         event = Cancelled(message=message)
         data = event.encode()
         status, fields = _final_fields(event, data)
-        s = self._settings
         outcome = await self._finish(
             keys=[self._keys.job(job_id), self._keys.events(job_id), self._keys.webhook_schedule],
             args=[
                 status,
                 repr(time.time()),
-                s.job_ttl_s,
-                s.event_stream_ttl_s,
-                s.event_stream_maxlen,
+                self._jobs.job_ttl_s,
+                self._streams.event_stream_ttl_s,
+                self._streams.event_stream_maxlen,
                 event.type,
                 data,
                 job_id,

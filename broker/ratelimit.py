@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 
 from broker import apikeys
 from broker.keys import Keys
+from broker.settings import ApiSettings
 
 _SCRIPT = resources.files("broker").joinpath("token_bucket.lua").read_text()
 
@@ -64,6 +65,12 @@ class Door:
         self._rate_limit = rate_limit
         self._timeout_s = timeout_s
         self._script = client.register_script(_SCRIPT)
+
+    @classmethod
+    def of(cls, client: aioredis.Redis, keys: Keys, api: ApiSettings) -> Door:
+        """The door the API settings describe: keys required or not, the default buckets."""
+        limits = Limits(api.key_rate_per_s, api.key_burst, api.global_rate_per_s, api.global_burst)
+        return cls(client, keys, limits, auth=api.auth_enabled, rate_limit=api.rate_limit_enabled)
 
     @property
     def needed(self) -> bool:

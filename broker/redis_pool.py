@@ -7,10 +7,10 @@ from functools import lru_cache
 import redis
 import redis.asyncio as aioredis
 
-from broker.settings import Settings
+from broker.settings import RedisSettings
 
 
-def _options(settings: Settings) -> dict[str, object]:
+def _options(settings: RedisSettings) -> dict[str, object]:
     return {
         "socket_timeout": settings.redis_socket_timeout_s,
         "socket_connect_timeout": settings.redis_connect_timeout_s,
@@ -26,11 +26,11 @@ def _sync_pool(url: str, socket_timeout: float, connect_timeout: float) -> redis
     )
 
 
-def sync_client(settings: Settings) -> redis.Redis:
+def sync_client(settings: RedisSettings) -> redis.Redis:
     pool = _sync_pool(settings.redis_url, settings.redis_socket_timeout_s, settings.redis_connect_timeout_s)
     return redis.Redis(connection_pool=pool)
 
 
-def async_client(settings: Settings) -> aioredis.Redis:
+def async_client(settings: RedisSettings) -> aioredis.Redis:
     """A new asyncio client; the caller owns it (one per event loop)."""
     return aioredis.Redis.from_url(settings.redis_url, max_connections=512, **_options(settings))

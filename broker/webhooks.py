@@ -22,7 +22,7 @@ import redis
 
 from broker.jobs import decode, lua
 from broker.keys import Keys
-from broker.settings import Settings
+from broker.settings import WebhookSettings
 
 SIGNATURE_HEADER = "X-Ragline-Signature"
 TIMESTAMP_HEADER = "X-Ragline-Timestamp"
@@ -88,10 +88,11 @@ def _parse_member(member: bytes | str) -> Due:
 class DeliveryStore:
     """The callbacks worker's side of the delivery state (sync client, any thread)."""
 
-    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, settings: WebhookSettings, *, job_ttl_s: int) -> None:
         self._client = client
         self._settings = settings
-        self._keys = Keys(settings.key_prefix)
+        self._job_ttl_s = job_ttl_s
+        self._keys = keys
         self._due = client.register_script(lua("webhook_due"))
         self._claim = client.register_script(lua("webhook_claim"))
         self._record = client.register_script(lua("webhook_record"))
@@ -151,7 +152,7 @@ class DeliveryStore:
                 repr(next_due),
                 job_id,
                 s.webhook_dead_letter_max,
-                s.job_ttl_s,
+                self._job_ttl_s,
                 json.dumps(dead),
             ],
         )

@@ -28,7 +28,7 @@ def _models_prepare(args: argparse.Namespace, settings: Settings) -> int:
 def _ingest(args: argparse.Namespace, settings: Settings) -> int:
     from broker.indexes import InvalidIndexName, check_index_name
 
-    name = args.index or settings.default_index
+    name = args.index or settings.retrieval.default_index
     try:
         # The API's rule, before anything is read or loaded: the name is a folder under the index root.
         check_index_name(name)
@@ -71,14 +71,14 @@ def _eval(args: argparse.Namespace, settings: Settings) -> int:
     except (OSError, ValueError) as exc:
         print(f"ragline eval: {exc}", file=sys.stderr)
         return 2
-    index = args.index or settings.default_index
+    index = args.index or settings.retrieval.default_index
     if args.in_process:
         if args.rag:
             print("ragline eval: --rag asks a running API (--url), not the index in process", file=sys.stderr)
             return 2
         source = evaluation.InProcess(settings, index, top_k=args.top_k)
     else:
-        url = args.url or f"http://{settings.api_host}:{settings.api_port}"
+        url = args.url or f"http://{settings.api.api_host}:{settings.api.api_port}"
         source = evaluation.OverHttp(url, index, top_k=args.top_k, api_key=args.api_key, rag=args.rag)
     print(evaluation.render(evaluation.evaluate(sets, configs, source.asker)))
     return 0
@@ -124,14 +124,14 @@ def _api(args: argparse.Namespace, settings: Settings) -> int:
     from ragline import processes
 
     settings = _secured(settings, "api")
-    return _exec(processes.api_command(settings), processes.child_env(settings, kind="api"))
+    return _exec(processes.api_command(settings.api), processes.child_env(settings, kind="api"))
 
 
 def _flower(args: argparse.Namespace, settings: Settings) -> int:
     from ragline import processes
 
     settings = _secured(settings, "flower")
-    return _exec(processes.flower_command(settings), processes.child_env(settings, kind="flower"))
+    return _exec(processes.flower_command(settings.flower), processes.child_env(settings, kind="flower"))
 
 
 def _webhooks_dead(args: argparse.Namespace, settings: Settings) -> int:
@@ -141,7 +141,7 @@ def _webhooks_dead(args: argparse.Namespace, settings: Settings) -> int:
     from broker.redis_pool import sync_client
     from broker.webhooks import dead_letters
 
-    for entry in dead_letters(sync_client(settings), Keys(settings.key_prefix), limit=args.limit):
+    for entry in dead_letters(sync_client(settings.redis), Keys(settings.redis.key_prefix), limit=args.limit):
         print(json.dumps(entry, separators=(",", ":")))
     return 0
 
@@ -154,7 +154,7 @@ def _webhooks_secret(args: argparse.Namespace, settings: Settings) -> int:
     from broker.redis_pool import sync_client
     from broker.secret_policy import weakness
 
-    client, keys = sync_client(settings), Keys(settings.key_prefix)
+    client, keys = sync_client(settings.redis), Keys(settings.redis.key_prefix)
     if args.key_id not in {record.id for record in apikeys.list_keys(client, keys)}:
         print(f"no key with id {args.key_id!r} (see: ragline keys list)", file=sys.stderr)
         return 1
@@ -189,15 +189,16 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
     flower = not args.no_flower
     settings = _secured(settings, "api", "callbacks", *(["flower"] if flower else []), generate=True)
     _ensure_model(settings)
+    ui = settings.flower
     with running_stack(settings, flower=flower) as stack:
         stack.wait_ready()
         print(
             f"ragline is up: API {stack.api_base}/docs, Flower "
-            f"http://{settings.flower_address}:{settings.flower_port} (user {settings.flower_user}); "
+            f"http://{ui.flower_address}:{ui.flower_port} (user {ui.flower_user}); "
             "Ctrl-C stops everything",
             flush=True,
         )
-        if settings.auth_enabled:
+        if settings.api.auth_enabled:
             print("requests need an API key: ragline keys create --name NAME", flush=True)
         while True:
             stack.check_children()
@@ -212,7 +213,7 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _ensure_model(settings: Settings) -> None:
-    if settings.generation_model:
+    if settings.generation.generation_model:
         return
     from workers.generation.model_prep import is_prepared, prepare_default_model
 
@@ -226,11 +227,15 @@ def _keys(args: argparse.Namespace, settings: Settings) -> int:
     from broker.keys import Keys
     from broker.redis_pool import sync_client
 
-    client, keys = sync_client(settings), Keys(settings.key_prefix)
+    client, keys = sync_client(settings.redis), Keys(settings.redis.key_prefix)
     if args.keys_command == "create":
         key, record = apikeys.create(client, keys, args.name, rate=args.rate, burst=args.burst)
-        rate = f"{record.rate:g}/s" if record.rate is not None else f"{settings.key_rate_per_s:g}/s (default)"
-        burst = record.burst if record.burst is not None else f"{settings.key_burst} (default)"
+        rate = (
+            f"{record.rate:g}/s"
+            if record.rate is not None
+            else f"{settings.api.key_rate_per_s:g}/s (default)"
+        )
+        burst = record.burst if record.burst is not None else f"{settings.api.key_burst} (default)"
         # Only the key goes to stdout, so `KEY=$(ragline keys create --name x)` captures just it.
         print(f"created {record.id} ({record.name}): rate {rate}, burst {burst}", file=sys.stderr)
         print("the key follows; it is shown once, store it now:", file=sys.stderr)

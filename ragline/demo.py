@@ -37,7 +37,7 @@ def run_demo(settings: Settings) -> int:
     # The demo's API runs without API keys, on 127.0.0.1, for the length of the demo, and on
     # development secrets (dev mode).
     log.warning("the demo runs its API without API keys (RAGLINE_AUTH_ENABLED=false), in dev mode")
-    settings = settings.model_copy(update={"auth_enabled": False, "dev_mode": True})
+    settings = settings.replace(auth_enabled=False, dev_mode=True)
     with running_stack(settings, flower=True) as stack:
         with tempfile.TemporaryDirectory(prefix="ragline-demo-") as tmp:
             n = write_demo_corpus(Path(tmp))
@@ -45,7 +45,7 @@ def run_demo(settings: Settings) -> int:
             ingest(stack.settings, [Path(tmp)], index_name=DEMO_INDEX)
         print("waiting for the workers (the vLLM engine takes a minute or two to start)", flush=True)
         stack.wait_ready()
-        with Client(stack.api_base, timeout=settings.request_timeout_s + 10) as client:
+        with Client(stack.api_base, timeout=settings.api.request_timeout_s + 10) as client:
             for question in QUESTIONS:
                 started = time.perf_counter()
                 try:

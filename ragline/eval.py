@@ -146,14 +146,14 @@ class InProcess:
         self._settings = settings
         self._index = index
         self._top_k = top_k
-        self._client: redis.Redis = sync_client(settings)
-        self._keys = Keys(settings.key_prefix)
+        self._client: redis.Redis = sync_client(settings.redis)
+        self._keys = Keys(settings.redis.key_prefix)
         if indexes.lookup(self._client, self._keys, index) is None:
             # Redis may have lost the registry: what is on disk is what a worker would serve.
             for info in index_store.current_on_disk(settings.indexes_dir):
                 indexes.register(self._client, self._keys, info)
-        self._embedder = Embedder(settings)
-        self._indexes = IndexCache(self._client, self._keys, ef_search=settings.hnsw_ef_search)
+        self._embedder = Embedder(settings.retrieval)
+        self._indexes = IndexCache(self._client, self._keys, ef_search=settings.retrieval.hnsw_ef_search)
         self._indexes.get(index)  # unknown index: fail before asking anything
 
     def asker(self, config: Config) -> Ask:
@@ -161,9 +161,9 @@ class InProcess:
         from workers.retrieval.embedding_cache import EmbeddingCache
         from workers.retrieval.rerank import reranker
 
-        settings = self._settings
+        retrieval = self._settings.retrieval
         if config.overrides:
-            settings = Settings(**{**settings.model_dump(), **config.overrides})
+            retrieval = self._settings.replace(**config.overrides).retrieval
         # A model id of its own: no query of this run is an embedding-cache hit, and none is
         # written (the batch's cache write is never called), so every configuration encodes.
         cache = EmbeddingCache(
@@ -174,7 +174,7 @@ class InProcess:
             ttl_s=1,
         )
         retriever = BatchRetriever(
-            settings, self._embedder, cache, self._indexes, reranker=reranker(settings)
+            retrieval, self._embedder, cache, self._indexes, reranker=reranker(retrieval)
         )
         retriever.embed_warm_up()
 

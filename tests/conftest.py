@@ -47,7 +47,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         port = processes.free_port()
         settings = Settings(home=tmp_path_factory.mktemp("redis-home"))
         server = subprocess.Popen(
-            processes.embedded_redis_command(settings, port),
+            processes.embedded_redis_command(settings.home, port),
             stdout=subprocess.DEVNULL,
             start_new_session=True,
         )
@@ -76,7 +76,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def settings(redis_url: str, home: Path) -> Settings:
-    return Settings(
+    return Settings().replace(
         redis_url=redis_url,
         home=home,
         default_index=TEST_INDEX,
@@ -124,7 +124,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def embedder(settings: Settings):
     from workers.retrieval.embedder import Embedder
 
-    return Embedder(settings)
+    return Embedder(settings.retrieval)
 
 
 @pytest.fixture(scope="session")
@@ -143,7 +143,7 @@ def workers(
     ports = {"retrieval": free_port(), "generation": free_port()}
 
     def start(kind: str) -> Proc:
-        own = settings.model_copy(update={"worker_metrics_port": ports[kind]})
+        own = settings.replace(worker_metrics_port=ports[kind])
         p = worker(kind, own, logs / f"{kind}.log")
         p.start()
         return p
@@ -184,12 +184,8 @@ def auth_apis(
     settings: Settings, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[Api]]:
     """Two API processes with API keys required, on the session's Redis (limits shared there)."""
-    keyed = settings.model_copy(
-        update={
-            "auth_enabled": True,
-            "max_depth_retrieval": AUTH_API_DEPTH_LIMIT,
-            "max_depth_generation": AUTH_API_DEPTH_LIMIT,
-        }
+    keyed = settings.replace(
+        auth_enabled=True, max_depth_retrieval=AUTH_API_DEPTH_LIMIT, max_depth_generation=AUTH_API_DEPTH_LIMIT
     )
     logs = tmp_path_factory.mktemp("auth-api-logs")
     apis: list[Api] = []

@@ -61,10 +61,7 @@ def free_port() -> int:
 
 def env_for(settings: Settings) -> dict[str, str]:
     """The environment a ragline subprocess reads ``settings`` from."""
-    env = dict(os.environ)
-    for name, value in settings.model_dump().items():
-        # Lists travel as JSON, the way pydantic-settings reads them.
-        env[f"RAGLINE_{name.upper()}"] = json.dumps(value) if isinstance(value, list | dict) else str(value)
+    env = dict(os.environ) | settings.environment()
     env["HF_HUB_OFFLINE"] = "1"
     env["TOKENIZERS_PARALLELISM"] = "false"
     env["PYTHONUNBUFFERED"] = "1"
@@ -109,14 +106,14 @@ def worker(kind: str, settings: Settings, log: Path) -> Proc:
 
 
 def wait_for_workers(settings: Settings, queues: tuple[str, ...], procs: list[Proc], timeout: float) -> None:
-    client = redis.Redis.from_url(settings.redis_url)
-    keys = Keys(settings.key_prefix)
+    client = redis.Redis.from_url(settings.redis.redis_url)
+    keys = Keys(settings.redis.key_prefix)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for p in procs:
             if p.proc is not None and p.proc.poll() is not None:
                 pytest.fail(f"{p.name} exited ({p.proc.returncode}):\n{p.tail()}")
-        since = time.time() - settings.worker_heartbeat_ttl_s
+        since = time.time() - settings.redis.worker_heartbeat_ttl_s
         if all(client.zcount(keys.workers(q), since, "+inf") for q in queues):
             return
         time.sleep(0.2)
@@ -145,7 +142,11 @@ class Api:
 def api_key(settings: Settings, *, rate: float | None = 1000, burst: int | None = 1000) -> tuple[str, str]:
     """A new API key on the settings' Redis: (the key, its id)."""
     key, record = apikeys.create(
-        redis.Redis.from_url(settings.redis_url), Keys(settings.key_prefix), "test", rate=rate, burst=burst
+        redis.Redis.from_url(settings.redis.redis_url),
+        Keys(settings.redis.key_prefix),
+        "test",
+        rate=rate,
+        burst=burst,
     )
     return key, record.id
 
@@ -154,7 +155,7 @@ def api_key(settings: Settings, *, rate: float | None = 1000, burst: int | None 
 def planted_load(settings: Settings, queue: str, n: int = AUTH_API_DEPTH_LIMIT) -> Iterator[None]:
     """Make ``queue`` look ``n`` tasks deep to the monitor: entries in kombu's unacked hash, in its
     own format, that no worker owns (nothing restores them: they are not in unacked_index)."""
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis.Redis.from_url(settings.redis.redis_url)
     tags = [f"planted-{uuid.uuid4().hex}" for _ in range(n)]
     client.hset("unacked", mapping={t: json.dumps([{}, queue, queue]) for t in tags})
     try:
@@ -181,7 +182,7 @@ def wait_healthy(base: str, proc: Proc, timeout: float = 60) -> None:
 def start_api(settings: Settings, log: Path) -> Api:
     """An API process on a free port, once /healthz answers."""
     port = free_port()
-    proc = Proc("api", ragline_command("api"), env_for(settings.model_copy(update={"api_port": port})), log)
+    proc = Proc("api", ragline_command("api"), env_for(settings.replace(api_port=port)), log)
     proc.start()
     base = f"http://127.0.0.1:{port}"
     wait_healthy(base, proc)
@@ -217,10 +218,10 @@ def stack_on_db(
 ) -> Iterator[Stack]:
     """Start ``kinds`` of workers and an API on ``url`` with ``settings`` and ``overrides``; stop
     them all and flush the database afterwards (a generation worker is given longer to stop)."""
-    assert url != settings.redis_url, "a stack of its own needs a database of its own"
+    assert url != settings.redis.redis_url, "a stack of its own needs a database of its own"
     client = redis.Redis.from_url(url, socket_timeout=5)
     client.flushdb()
-    s = settings.model_copy(update={"redis_url": url, "api_port": free_port(), **overrides})
+    s = settings.replace(redis_url=url, api_port=free_port(), **overrides)
     workers = {kind: worker(kind, s, logs / f"{kind}.log") for kind in kinds}
     api = Proc("api", ragline_command("api"), env_for(s), logs / "api.log")
     for p in workers.values():
@@ -228,7 +229,7 @@ def stack_on_db(
     try:
         wait_for_workers(s, kinds, list(workers.values()), timeout=600)
         api.start()
-        base = f"http://127.0.0.1:{s.api_port}"
+        base = f"http://127.0.0.1:{s.api.api_port}"
         wait_healthy(base, api)
         yield Stack(s, client, base, api, workers)
     finally:
@@ -245,13 +246,13 @@ def stack_on_db(
 def own_prefix(settings: Settings, index: str) -> Iterator[Settings]:
     """``settings`` under a key prefix of their own on the test Redis, where ``index`` is
     registered (at version ``v1``, no files: nothing is searched); its keys are deleted after."""
-    s = settings.model_copy(update={"key_prefix": f"t-{uuid.uuid4().hex[:8]}", "default_index": index})
-    client = redis.Redis.from_url(s.redis_url)
-    indexes.register(client, Keys(s.key_prefix), indexes.IndexInfo(index, "v1", "/nowhere", 1, 384))
+    s = settings.replace(key_prefix=f"t-{uuid.uuid4().hex[:8]}", default_index=index)
+    client = redis.Redis.from_url(s.redis.redis_url)
+    indexes.register(client, Keys(s.redis.key_prefix), indexes.IndexInfo(index, "v1", "/nowhere", 1, 384))
     try:
         yield s
     finally:
-        for key in client.scan_iter(f"{s.key_prefix}:*"):
+        for key in client.scan_iter(f"{s.redis.key_prefix}:*"):
             client.delete(key)
 
 
@@ -320,7 +321,7 @@ def api_without_redis(settings: Settings, log: Path) -> Iterator[Api]:
     """A keyed API process whose Redis is gone (nothing listens at its port): every request
     past the probes is refused with 503 and Retry-After, since no key can be checked."""
     port = free_port()
-    cut_off = settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{port}/0", "auth_enabled": True})
+    cut_off = settings.replace(redis_url=f"redis://127.0.0.1:{port}/0", auth_enabled=True)
     api = start_api(cut_off, log)
     try:
         yield api
@@ -388,8 +389,10 @@ def batch_retriever(settings: Settings, embedder: Any, **overrides: object) -> A
     from workers.retrieval.embedding_cache import EmbeddingCache
     from workers.retrieval.index_store import IndexCache
 
-    s = settings.model_copy(update=overrides)
-    client = redis.Redis.from_url(s.redis_url)
-    keys = Keys(s.key_prefix)
+    s = settings.replace(**overrides)
+    client = redis.Redis.from_url(s.redis.redis_url)
+    keys = Keys(s.redis.key_prefix)
     cache = EmbeddingCache(client, keys, model_id=embedder.model_id, dim=embedder.dim, ttl_s=60)
-    return BatchRetriever(s, embedder, cache, IndexCache(client, keys, ef_search=s.hnsw_ef_search))
+    return BatchRetriever(
+        s.retrieval, embedder, cache, IndexCache(client, keys, ef_search=s.retrieval.hnsw_ef_search)
+    )

@@ -37,11 +37,14 @@ from workers import heartbeat, metrics_server
 
 log = logging.getLogger(__name__)
 settings = get_settings()
-keys = Keys(settings.key_prefix)
-app = create_celery(settings)
-configure_resolver(threads=settings.webhook_dns_threads, queued=settings.webhook_dns_queue)
-metrics_server.install(settings)
-heartbeat.install(app, CALLBACKS_QUEUE, settings)
+keys = Keys(settings.redis.key_prefix)
+app = create_celery(settings.redis)
+configure_resolver(
+    threads=settings.webhooks.webhook_dns_threads,
+    queued=settings.webhooks.webhook_dns_queue,
+)
+metrics_server.install(settings.redis)
+heartbeat.install(app, CALLBACKS_QUEUE, settings.redis, host_defaults=settings.host_defaults_line())
 
 _USER_AGENT = "ragline-webhooks/0.1"
 # A scheduled attempt taken by a poller that dies before enqueueing it is due again after this.
@@ -49,7 +52,9 @@ _SCHEDULE_LEASE_S = 30.0
 
 
 def _store() -> webhooks.DeliveryStore:
-    return webhooks.DeliveryStore(sync_client(settings), settings)
+    return webhooks.DeliveryStore(
+        sync_client(settings.redis), keys, settings.webhooks, job_ttl_s=settings.jobs.job_ttl_s
+    )
 
 
 def _now_iso() -> str:
@@ -94,7 +99,7 @@ class HostSlots:
                 del self._busy[host]
 
 
-host_slots = HostSlots(settings.webhook_host_concurrency)
+host_slots = HostSlots(settings.webhooks.webhook_host_concurrency)
 
 
 def attempt_delivery(record: dict[str, str], attempt: int) -> tuple[str, dict[str, Any]]:
@@ -122,7 +127,7 @@ def _post_once(record: dict[str, str], body: bytes, last: dict[str, Any]) -> tup
     timestamp = str(int(time.time()))
     delivery_id = record.get("delivery_id", "")
     secret = webhooks.secret_for(
-        sync_client(settings), keys, record.get("owner", ""), settings.webhook_secret
+        sync_client(settings.redis), keys, record.get("owner", ""), settings.webhooks.webhook_secret
     )
     headers = {
         "Content-Type": "application/json",
@@ -137,8 +142,8 @@ def _post_once(record: dict[str, str], body: bytes, last: dict[str, Any]) -> tup
         # Checked again at every attempt: the name may resolve elsewhere than at submit time.
         target = check_url(
             record["webhook_url"],
-            allowlist=settings.webhook_host_allowlist,
-            timeout_s=settings.webhook_dns_timeout_s,
+            allowlist=settings.webhooks.webhook_host_allowlist,
+            timeout_s=settings.webhooks.webhook_dns_timeout_s,
         )
         url, extra_headers, extensions = _request_for(target)
         code = asyncio.run(_post(url, body, {**headers, **extra_headers}, extensions))
@@ -148,7 +153,7 @@ def _post_once(record: dict[str, str], body: bytes, last: dict[str, Any]) -> tup
         last["error"] = f"refused: {exc}"
         return "retry", last
     except TimeoutError:
-        last["error"] = f"deadline: no complete answer within {settings.webhook_deadline_s:g}s"
+        last["error"] = f"deadline: no complete answer within {settings.webhooks.webhook_deadline_s:g}s"
         return "retry", last
     except httpx.HTTPError as exc:
         last["error"] = f"{type(exc).__name__}: {exc}"
@@ -168,9 +173,9 @@ async def _post(url: str, body: bytes, headers: dict[str, str], extensions: dict
     header read: httpx's own timeouts bound each read, and a receiver trickling a byte a read
     would hold the thread for ever without this."""
     async with (
-        asyncio.timeout(settings.webhook_deadline_s),
+        asyncio.timeout(settings.webhooks.webhook_deadline_s),
         httpx.AsyncClient(
-            timeout=settings.webhook_timeout_s, follow_redirects=False, trust_env=False
+            timeout=settings.webhooks.webhook_timeout_s, follow_redirects=False, trust_env=False
         ) as client,
         # Only the status matters; the body is never read, however large or slow.
         client.stream("POST", url, content=body, headers=headers, extensions=extensions) as response,
@@ -191,16 +196,18 @@ def deliver_webhook(self: Task, **kwargs: Any) -> None:
     job_id, attempt = delivery.job_id, delivery.attempt
     store = _store()
     # The lease outlasts one attempt (DNS + HTTP); past it a redelivered task may take over.
-    lease_s = settings.webhook_dns_timeout_s + settings.webhook_deadline_s + 5
+    lease_s = settings.webhooks.webhook_dns_timeout_s + settings.webhooks.webhook_deadline_s + 5
     record = store.claim(job_id, attempt, lease_s=lease_s)
     if record is None:  # a duplicate, or the attempt already concluded
         return
     outcome, last = attempt_delivery(record, attempt)
     if outcome == "deferred":  # not the receiver's doing: soon, and for free
-        wait_s = settings.webhook_defer_s * random.uniform(0.5, 1.0)
+        wait_s = settings.webhooks.webhook_defer_s * random.uniform(0.5, 1.0)
     else:
         wait_s = webhooks.backoff_s(
-            attempt, base_s=settings.webhook_backoff_base_s, max_s=settings.webhook_backoff_max_s
+            attempt,
+            base_s=settings.webhooks.webhook_backoff_base_s,
+            max_s=settings.webhooks.webhook_backoff_max_s,
         )
     next_due = time.time() + wait_s
     result = store.record(record, attempt, outcome=outcome, last=last, next_due=next_due)
@@ -244,7 +251,7 @@ class SchedulePoller:
                 self.poll_once()
             except Exception:
                 log.warning("webhook schedule poll failed", exc_info=True)
-            self._stop.wait(settings.webhook_poll_interval_s)
+            self._stop.wait(settings.webhooks.webhook_poll_interval_s)
 
 
 _poller = SchedulePoller()

@@ -13,13 +13,14 @@ from celery.signals import worker_ready, worker_shutdown
 from broker import liveness
 from broker.keys import Keys
 from broker.redis_pool import sync_client
-from broker.settings import Settings
+from broker.settings import RedisSettings
 
 log = logging.getLogger(__name__)
 
 
-def install(app: Celery, queue: str, settings: Settings) -> None:
-    """Beat from worker_ready (the worker consumes) until worker_shutdown."""
+def install(app: Celery, queue: str, settings: RedisSettings, *, host_defaults: str) -> None:
+    """Beat from worker_ready (the worker consumes) until worker_shutdown; log ``host_defaults``
+    (Settings.host_defaults_line) once then."""
     worker_id = f"{socket.gethostname()}:{os.getpid()}"
     keys = Keys(settings.key_prefix)
     stop = threading.Event()
@@ -42,7 +43,7 @@ def install(app: Celery, queue: str, settings: Settings) -> None:
     @worker_ready.connect(weak=False)
     def _start(**_: object) -> None:
         # Logged here, not at worker_init: only by now has Celery set up the worker's logging.
-        log.info("%s worker: %s", queue, settings.host_defaults_line())
+        log.info("%s worker: %s", queue, host_defaults)
         thread.start()
 
     @worker_shutdown.connect(weak=False)

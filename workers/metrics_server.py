@@ -7,12 +7,12 @@ import logging
 from celery.signals import worker_ready
 from prometheus_client import start_http_server
 
-from broker.settings import Settings
+from broker.settings import RedisSettings
 
 log = logging.getLogger(__name__)
 
 
-def install(settings: Settings) -> None:
+def install(settings: RedisSettings) -> None:
     """Serve /metrics on RAGLINE_WORKER_METRICS_PORT from the moment the worker consumes
     (probes read it as "ready": the engine or index is loaded by then)."""
     if not settings.worker_metrics_port:

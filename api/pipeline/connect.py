@@ -74,8 +74,9 @@ class Connected:
     def __init__(
         self, settings: Settings, redis: aioredis.Redis, celery: Celery, admission: Admission
     ) -> None:
-        keys = Keys(settings.key_prefix)
-        self._pusher = QueuePusher(settings.redis_url, timeout_s=_ENQUEUE_TIMEOUT_S)
+        keys = Keys(settings.redis.key_prefix)
+        api = settings.api
+        self._pusher = QueuePusher(settings.redis.redis_url, timeout_s=_ENQUEUE_TIMEOUT_S)
 
         def publish(items: list[RetrieveRequest]) -> asyncio.Future[None]:
             message = task_message(
@@ -88,31 +89,34 @@ class Connected:
             return self._pusher.push(RETRIEVAL_QUEUE, message)
 
         def events(request_id: str, after: str) -> AsyncIterator[Event]:
-            return read_events(redis, keys, request_id, after=after, timeout_s=settings.request_timeout_s)
+            return read_events(redis, keys, request_id, after=after, timeout_s=api.request_timeout_s)
 
         async def index_version(index: str) -> str | None:
             info = await indexes.alookup(redis, keys, index)
             return info.version if info is not None else None
 
         async def cancel(request_id: str) -> None:
-            await arequest_cancel(redis, keys, request_id, ttl_s=settings.cancel_ttl_s)
+            await arequest_cancel(redis, keys, request_id, ttl_s=settings.jobs.cancel_ttl_s)
 
         self.pipeline = Pipeline(
-            settings,
+            api,
+            settings.retrieval,
+            settings.generation,
             admission,
+            keys=keys,
             cache=ResultCache(
                 redis,
                 keys,
-                ttl_s=settings.result_cache_ttl_s,
-                max_entries=settings.result_cache_max_entries,
-                single_flight_ttl_s=settings.single_flight_ttl_s,
+                ttl_s=api.result_cache_ttl_s,
+                max_entries=api.result_cache_max_entries,
+                single_flight_ttl_s=api.single_flight_ttl_s,
             ),
             publish=publish,
             read_events=events,
             index_version=index_version,
             cancel=cancel,
-            owners=StreamOwners(redis, keys, ttl_s=settings.event_stream_ttl_s),
-            retrieval_workers=RetrievalWorkers(redis, keys, settings.worker_heartbeat_ttl_s),
+            owners=StreamOwners(redis, keys, ttl_s=settings.redis.event_stream_ttl_s),
+            retrieval_workers=RetrievalWorkers(redis, keys, settings.redis.worker_heartbeat_ttl_s),
         )
 
     async def aclose(self) -> None:

@@ -23,7 +23,7 @@ from broker.events import Event, EventTimeout
 from broker.keys import Keys
 from broker.normalize import query_digest
 from broker.result_cache import Lookup, Outcome
-from broker.settings import Settings
+from broker.settings import ApiSettings, GenerationSettings, RetrievalSettings
 
 # Every background write (a cache store, a released claim, a cancel flag) is bounded by this.
 _BACKGROUND_TIMEOUT_S = 5.0
@@ -69,9 +69,12 @@ def _overloaded(decision: Decision) -> ApiError:
 class Pipeline:
     def __init__(
         self,
-        settings: Settings,
+        settings: ApiSettings,
+        retrieval: RetrievalSettings,
+        generation: GenerationSettings,
         admission: Admission,
         *,
+        keys: Keys,
         cache: ResultCache,
         publish: Publish,
         read_events: ReadEvents,
@@ -81,13 +84,17 @@ class Pipeline:
         retrieval_workers: Callable[[], int] = lambda: 1,
     ) -> None:
         self._settings = settings
+        self._retrieval = retrieval
+        # Its defaults and bounds for a request's sampling; its model is part of every answer's cache key.
+        self._generation = generation
+        self._model_id = generation.generation_model
         self._admission = admission
         self._cache = cache
         self._read_events = read_events
         self._index_version = index_version
         self._cancel = cancel
         self._owners = owners
-        self._keys = Keys(settings.key_prefix)
+        self._keys = keys
         self._background: set[asyncio.Task[object]] = set()
         self.coalescer: Coalescer[RetrieveRequest] = Coalescer(
             publish,
@@ -122,7 +129,7 @@ class Pipeline:
         return QueryContext(
             request_id=request_id,
             request=request,
-            query=query_of(request, self._settings),
+            query=query_of(request, self._settings, self._retrieval, self._generation),
             deadline_s=deadline_s(deadline_ms, self._settings),
             single_flight=single_flight,
         )
@@ -277,7 +284,7 @@ class Pipeline:
 
     def digest(self, q: Query) -> str:
         """The digest in the cache key of ``q``'s answer."""
-        return query_digest(q.query, *_keyed(q), self._settings.generation_model)
+        return query_digest(q.query, *_keyed(q), self._model_id)
 
     @staticmethod
     def _computes(ctx: QueryContext[Any]) -> bool:

@@ -10,7 +10,7 @@ from api.pipeline.context import Query, R
 from api.protocol import QueryRequest
 from broker import indexes
 from broker.contract import Sampling
-from broker.settings import Settings
+from broker.settings import ApiSettings, GenerationSettings, RetrievalSettings
 
 # A stop sequence longer than this cannot be meant: the answer itself is a few hundred tokens.
 MAX_STOP_CHARS = 256
@@ -44,7 +44,9 @@ def _bounded(name: str, value: int | None, upper: int) -> int | None:
     return value
 
 
-def query_of(req: QueryRequest, s: Settings) -> Query:
+def query_of(
+    req: QueryRequest, s: ApiSettings, retrieval: RetrievalSettings, generation: GenerationSettings
+) -> Query:
     """The request's query with the server's defaults filled in, within the server's bounds."""
     text = req.query.strip()
     if not text:
@@ -55,7 +57,7 @@ def query_of(req: QueryRequest, s: Settings) -> Query:
     top_k = s.default_top_k if req.top_k is None else req.top_k
     if not 1 <= top_k <= s.max_top_k:
         raise _invalid(f"top_k must be between 1 and {s.max_top_k}, got {top_k}", "top_k")
-    index = req.index or s.default_index
+    index = req.index or retrieval.default_index
     if not indexes.valid_index_name(index):
         raise _invalid(f"index must be {indexes.INDEX_NAME_RULE}", "index")
     return Query(
@@ -63,25 +65,25 @@ def query_of(req: QueryRequest, s: Settings) -> Query:
         top_k=top_k,
         mode=req.mode,
         index=index,
-        ef_search=_bounded("ef_search", req.ef_search, s.max_ef_search),
-        nprobe=_bounded("nprobe", req.nprobe, s.max_nprobe),
+        ef_search=_bounded("ef_search", req.ef_search, retrieval.max_ef_search),
+        nprobe=_bounded("nprobe", req.nprobe, retrieval.max_nprobe),
         allow_early_exit=req.allow_early_exit,
         # The server's default named, so that the cache key changes with the setting.
-        retrieval=req.retrieval or s.retrieval_mode,
+        retrieval=req.retrieval or retrieval.retrieval_mode,
         filter=req.filter,
         diversity=req.diversity,
         history=tuple(req.history[-s.max_history_turns :]) if s.max_history_turns > 0 else (),
-        sampling=sampling_of(req, s),
+        sampling=sampling_of(req, s, generation),
     )
 
 
-def sampling_of(req: QueryRequest, s: Settings) -> Sampling:
+def sampling_of(req: QueryRequest, s: ApiSettings, generation: GenerationSettings) -> Sampling:
     """The request's sampling with the server's defaults named (they are in the cache key) and
     its max_tokens capped at the server's."""
     if req.max_tokens is not None and req.max_tokens < 1:
         raise _invalid(f"max_tokens must be at least 1, got {req.max_tokens}", "max_tokens")
-    max_tokens = min(req.max_tokens or s.max_new_tokens, s.max_new_tokens)
-    temperature = s.temperature if req.temperature is None else float(req.temperature)
+    max_tokens = min(req.max_tokens or generation.max_new_tokens, generation.max_new_tokens)
+    temperature = generation.temperature if req.temperature is None else float(req.temperature)
     if not 0.0 <= temperature <= s.max_temperature:
         raise _invalid(
             f"temperature must be between 0 and {s.max_temperature}, got {temperature}", "temperature"
@@ -94,7 +96,7 @@ def sampling_of(req: QueryRequest, s: Settings) -> Sampling:
     return Sampling(max_tokens=max_tokens, temperature=temperature, stop=stop)
 
 
-def deadline_s(header: str | None, s: Settings) -> float:
+def deadline_s(header: str | None, s: ApiSettings) -> float:
     """The request's deadline: ``X-Request-Deadline-Ms`` (one positive integer) or the default,
     within the configured bounds. The one place a deadline is clamped."""
     ms = s.default_deadline_ms

@@ -100,14 +100,14 @@ async def resume_chat_stream(
 async def list_models(request: Request) -> ModelList:
     """Every index as a model: its id is the index's name, with its version and document count."""
     settings = request.app.state.settings
-    found = await indexes.alist(request.app.state.redis, Keys(settings.key_prefix))
+    found = await indexes.alist(request.app.state.redis, Keys(settings.redis.key_prefix))
     return ModelList(data=[ModelCard.of(info) for info in sorted(found, key=lambda i: i.name)])
 
 
 @router.get("/models/{model}", response_model=ModelCard, responses=_ERRORS)
 async def get_model(model: str, request: Request) -> ModelCard:
     settings = request.app.state.settings
-    info = await indexes.alookup(request.app.state.redis, Keys(settings.key_prefix), model)
+    info = await indexes.alookup(request.app.state.redis, Keys(settings.redis.key_prefix), model)
     if info is None:
         raise _unknown_model(model)
     return ModelCard.of(info)

@@ -26,10 +26,10 @@ async def readyz(request: Request) -> JSONResponse:
     settings = request.app.state.settings
     redis = request.app.state.redis
     try:
-        async with asyncio.timeout(settings.readyz_timeout_s):
+        async with asyncio.timeout(settings.api.readyz_timeout_s):
             await redis.ping()
             workers = await liveness.live_counts(
-                redis, Keys(settings.key_prefix), QUEUES, settings.worker_heartbeat_ttl_s
+                redis, Keys(settings.redis.key_prefix), QUEUES, settings.redis.worker_heartbeat_ttl_s
             )
     except Exception as exc:
         return JSONResponse({"ready": False, "redis": False, "reason": repr(exc)}, status_code=503)

@@ -19,8 +19,8 @@ _ERRORS = {401: {"model": ErrorBody}, 404: {"model": ErrorBody}, 429: {"model": 
 async def list_indexes(request: Request) -> IndexList:
     """Every index, with the version it answers from and its document and chunk counts."""
     settings = request.app.state.settings
-    found = await indexes.alist(request.app.state.redis, Keys(settings.key_prefix))
-    default = settings.default_index
+    found = await indexes.alist(request.app.state.redis, Keys(settings.redis.key_prefix))
+    default = settings.retrieval.default_index
     return IndexList(
         indexes=[
             IndexSummary.of(info, default_index=default) for info in sorted(found, key=lambda i: i.name)
@@ -33,7 +33,7 @@ async def list_indexes(request: Request) -> IndexList:
 async def get_index(name: str, request: Request) -> IndexDetail:
     """One index's current version: documents, chunks, size on disk, index type."""
     settings = request.app.state.settings
-    info = await indexes.alookup(request.app.state.redis, Keys(settings.key_prefix), name)
+    info = await indexes.alookup(request.app.state.redis, Keys(settings.redis.key_prefix), name)
     if info is None:
         raise ApiError(404, "unknown_index", f"index {name!r} does not exist; ingest it first")
-    return IndexDetail.of(info, default_index=settings.default_index)
+    return IndexDetail.of(info, default_index=settings.retrieval.default_index)

@@ -27,7 +27,10 @@ def _service(request: Request) -> JobService:
     state = request.app.state
     service = getattr(state, "job_service", None)
     if service is None:
-        service = state.job_service = JobService(state.settings, state.redis, pipeline_of(request))
+        s = state.settings
+        service = state.job_service = JobService(
+            s.jobs, s.webhooks, s.redis, state.redis, pipeline_of(request)
+        )
     return service
 
 

@@ -22,7 +22,10 @@ async def prometheus_metrics(request: Request) -> Response:
     try:
         async with asyncio.timeout(1.0):
             counts = await liveness.live_counts(
-                request.app.state.redis, Keys(settings.key_prefix), queues, settings.worker_heartbeat_ttl_s
+                request.app.state.redis,
+                Keys(settings.redis.key_prefix),
+                queues,
+                settings.redis.worker_heartbeat_ttl_s,
             )
         for queue, n in counts.items():
             metrics.LIVE_WORKERS.labels(queue).set(n)

@@ -30,7 +30,7 @@ def test_keys_are_required_except_on_probes_metrics_and_docs(
 
     key, key_id = api_key(settings)
     body = {"query": "x", "index": "no-such-index"}
-    with pushed_queues(settings.redis_url) as pushed:
+    with pushed_queues(settings.redis.redis_url) as pushed:
         missing = httpx.post(base + "/v1/query", json=body, timeout=10)
         wrong = httpx.post(base + "/v1/query", json=body, headers={"X-API-Key": "rl_guess"}, timeout=10)
         basic = httpx.post(base + "/v1/query", json=body, headers={"Authorization": "Basic eDp5"}, timeout=10)
@@ -60,7 +60,7 @@ def test_keys_are_required_except_on_probes_metrics_and_docs(
 def test_token_bucket_holds_across_two_api_processes(auth_apis: list[Api], settings: Settings) -> None:
     key, _ = api_key(settings, rate=0.05, burst=5)  # 5 now, then one per 20 s
     body = {"query": "x", "index": "no-such-index"}
-    with pushed_queues(settings.redis_url) as pushed:
+    with pushed_queues(settings.redis.redis_url) as pushed:
         replies = [
             httpx.post(auth_apis[i % 2].base + "/v1/query", json=body, headers={"X-API-Key": key}, timeout=10)
             for i in range(10)
@@ -84,7 +84,7 @@ def test_overload_refuses_with_retry_after_and_touches_no_queue(
 ) -> None:
     base = auth_apis[0].base
     headers = {"X-API-Key": api_key(settings)[0]}
-    with planted_load(settings, "retrieval"), pushed_queues(settings.redis_url) as pushed:
+    with planted_load(settings, "retrieval"), pushed_queues(settings.redis.redis_url) as pushed:
         replies = [
             httpx.post(
                 base + "/v1/query", json={"query": f"overload {uuid.uuid4()}"}, headers=headers, timeout=30
@@ -119,7 +119,7 @@ def test_busy_generation_degrades_to_retrieval_only(
     base = auth_apis[1].base
     headers = {"X-API-Key": api_key(settings)[0]}
     query = "When does Café Lumière open? (degraded)"
-    with planted_load(settings, "generation"), pushed_queues(settings.redis_url) as pushed:
+    with planted_load(settings, "generation"), pushed_queues(settings.redis.redis_url) as pushed:
         degraded = httpx.post(
             base + "/v1/query", json={"query": query, "top_k": 2}, headers=headers, timeout=60
         )
@@ -186,7 +186,7 @@ def test_every_response_carries_a_request_id(auth_apis: list[Api], workers, sett
 
 
 def test_keys_cli_create_list_revoke(settings: Settings, redis_url: str) -> None:
-    env = env_for(settings.model_copy(update={"key_prefix": f"ragline-test-{uuid.uuid4().hex[:8]}"}))
+    env = env_for(settings.replace(key_prefix=f"ragline-test-{uuid.uuid4().hex[:8]}"))
 
     def ragline(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -18,7 +18,7 @@ from api.admission import Action, Admission
 from broker.backpressure import BackpressureMonitor, QueueLoad, ServiceTimes, Snapshot, count_done
 from broker.keys import Keys
 from broker.queues import GENERATION_QUEUE, RETRIEVAL_QUEUE
-from broker.settings import Settings
+from broker.settings import ApiSettings, Settings
 from tests.helpers import Workers, start_api
 
 
@@ -53,7 +53,7 @@ G_BUSY = _served(4.0, concurrency=8, slots=8, waiting=4, in_flight=8)
 
 
 def _admission(snapshot: Snapshot | None, **settings: object) -> Admission:
-    return Admission(Settings(**settings), FakeMonitor(snapshot))  # type: ignore[arg-type]
+    return Admission(Settings().replace(**settings).api, FakeMonitor(snapshot))  # type: ignore[arg-type]
 
 
 def test_cold_start_admits() -> None:
@@ -135,7 +135,7 @@ def test_rag_requests_still_in_retrieval_count_against_generation() -> None:
     # and not yet through retrieval (so not on the generation queue) adds 1 s, whatever the snapshot
     snap = _snapshot(IDLE, _served(1.0, in_flight=2))
     monitor = FakeMonitor(snap)
-    admission = Admission(Settings(), monitor)  # type: ignore[arg-type]
+    admission = Admission(Settings().api, monitor)  # type: ignore[arg-type]
     outcomes = []
     for i in range(3):
         d = admission.decide("rag", allow_degraded=True, deadline_s=4.5)
@@ -153,7 +153,7 @@ def test_rag_requests_still_in_retrieval_count_against_generation() -> None:
 
 def test_requests_in_transit_are_forgotten_after_the_request_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     snap = _snapshot(IDLE, _served(1.0))
-    admission = Admission(Settings(request_timeout_s=10), FakeMonitor(snap))  # type: ignore[arg-type]
+    admission = Admission(ApiSettings(request_timeout_s=10), FakeMonitor(snap))  # type: ignore[arg-type]
     admission.admitted("rag", "lost")  # an async job, say: nobody here watches its retrieval
     assert admission.decide("rag", allow_degraded=True, deadline_s=1.5).action is Action.DEGRADE
     later = time.monotonic() + 11
@@ -163,7 +163,7 @@ def test_requests_in_transit_are_forgotten_after_the_request_timeout(monkeypatch
 
 def test_stale_snapshot_or_admission_off_admits() -> None:
     snap = _snapshot(R_OK, G_BUSY)
-    stale = Admission(Settings(backpressure_stale_s=2), FakeMonitor(snap, age=3.0))  # type: ignore[arg-type]
+    stale = Admission(ApiSettings(backpressure_stale_s=2), FakeMonitor(snap, age=3.0))  # type: ignore[arg-type]
     assert stale.decide("rag", allow_degraded=False, deadline_s=1).action is Action.ADMIT
     off = _admission(snap, admission_enabled=False)
     assert off.decide("rag", allow_degraded=False, deadline_s=1).action is Action.ADMIT
@@ -178,7 +178,7 @@ def test_a_slow_lone_generation_does_not_degrade_the_next_lone_request(redis_url
     monitor = BackpressureMonitor(
         aioredis.Redis.from_url(redis_url), keys, queues, refresh_s=0.001, tau_s=5.0, heartbeat_ttl_s=6
     )
-    admission = Admission(Settings(), monitor)
+    admission = Admission(ApiSettings(), monitor)
     tag = f"adm-test-{uuid.uuid4().hex}"
 
     async def scenario() -> list[Action]:
@@ -221,10 +221,10 @@ def test_lone_requests_after_slow_lone_answers_get_full_answers(
     The API's rate time constant is cut to 0.2 s so that this engine's answers of a second or so
     are as long against it as the deployed 10-30 s answers were against 5 s: with the rate in
     the prediction, that is what degraded them. (It feeds only the rate gauge now.)"""
-    done_key = Keys(settings.key_prefix).done(GENERATION_QUEUE)
+    done_key = Keys(settings.redis.key_prefix).done(GENERATION_QUEUE)
     sync = redis.Redis.from_url(redis_url)
     before = sync.hgetall(done_key)
-    api = start_api(settings.model_copy(update={"service_rate_tau_s": 0.2}), tmp_path / "api.log")
+    api = start_api(settings.replace(service_rate_tau_s=0.2), tmp_path / "api.log")
     questions = ("When does Café Lumière open?", "What is the house speciality of Café Lumière?")
     answers = []
     try:
@@ -248,7 +248,7 @@ def test_lone_requests_after_slow_lone_answers_get_full_answers(
     assert events[-1]["timings"]["predicted_wait_ms"] < 30_000
     # The generation worker reports its slots, and that these tasks ran alone.
     after = sync.hgetall(done_key)
-    assert int(after[b"slots"]) == settings.max_num_seqs
+    assert int(after[b"slots"]) == settings.generation.max_num_seqs
 
     def added(name: bytes) -> float:
         return float(after[name]) - float(before.get(name, 0))

@@ -230,7 +230,7 @@ def test_keys_and_admission_are_the_query_pipeline_s(
     key, _ = api_key(settings)
     client = _client(base, key)
     question = "When does Café Lumière open? (chat, degraded)"
-    with planted_load(settings, "generation"), pushed_queues(settings.redis_url) as pushed:
+    with planted_load(settings, "generation"), pushed_queues(settings.redis.redis_url) as pushed:
         degraded = client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": question}]
         )

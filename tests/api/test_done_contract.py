@@ -43,7 +43,7 @@ class Stack:
 
     def worker_done(self, request_id: str) -> dict[str, Any]:
         """The `done` event as the worker wrote it to the request's stream."""
-        entries = self.redis.xrange(Keys(self.settings.key_prefix).events(request_id))
+        entries = self.redis.xrange(Keys(self.settings.redis.key_prefix).events(request_id))
         (data,) = [fields[b"data"] for _id, fields in entries if fields[b"type"] == b"done"]
         return json.loads(data)
 
@@ -77,7 +77,7 @@ def stack(
     settings: Settings, prepared_model: Path, test_index: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
     # Two databases after the session's (the next one is the durability tests').
-    url = redis_db_after(settings.redis_url, 2, "RAGLINE_TEST_CONTRACT_REDIS_URL")
+    url = redis_db_after(settings.redis.redis_url, 2, "RAGLINE_TEST_CONTRACT_REDIS_URL")
     with (
         stack_on_db(
             settings,

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 @contextlib.contextmanager
 def redis_server(home: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = free_port()
-    command = processes.embedded_redis_command(Settings(home=home), port)
+    command = processes.embedded_redis_command(home, port)
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, start_new_session=True)
     url = f"redis://127.0.0.1:{port}/0"
     try:
@@ -48,10 +48,12 @@ def _waiting_readers(client: redis.Redis) -> int:
 
 def test_redis_lost_mid_request_is_503_with_retry_after(settings: Settings, tmp_path: Path) -> None:
     with redis_server(tmp_path / "redis") as (url, server):
-        s = settings.model_copy(update={"redis_url": url, "redis_socket_timeout_s": 2.0})
+        s = settings.replace(redis_url=url, redis_socket_timeout_s=2.0)
         client = redis.Redis.from_url(url)
         # An index, and no worker on this Redis: each request waits for events that never come.
-        indexes.register(client, Keys(s.key_prefix), indexes.IndexInfo("test", "v1", "/nowhere", 1, 384))
+        indexes.register(
+            client, Keys(s.redis.key_prefix), indexes.IndexInfo("test", "v1", "/nowhere", 1, 384)
+        )
         api = start_api(s, tmp_path / "api.log")
         try:
             with httpx.Client(base_url=api.base, timeout=60) as http, ThreadPoolExecutor(2) as pool:

@@ -48,8 +48,8 @@ def clients(settings: Settings) -> Iterator[tuple[TestClient, TestClient]]:
 def _plant(app: FastAPI, body: dict[str, Any]) -> None:
     s, pipeline = app.state.settings, app.state.pipeline
     ctx = pipeline.validate(json.dumps(body).encode(), request_id="plant", model=QueryRequest)
-    key = f"{Keys(s.key_prefix).result_cache}:fp:v1:{pipeline.digest(ctx.asked)}"
-    redis.Redis.from_url(s.redis_url).set(key, json.dumps(CACHED))
+    key = f"{Keys(s.redis.key_prefix).result_cache}:fp:v1:{pipeline.digest(ctx.asked)}"
+    redis.Redis.from_url(s.redis.redis_url).set(key, json.dumps(CACHED))
 
 
 ASKED = json.dumps({"query": "When does the café open?"}).encode()

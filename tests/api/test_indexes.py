@@ -21,7 +21,7 @@ def test_indexes_show_what_ingest_recorded(api: Api, test_index: str, settings: 
     with Client(api.base) as client:
         listed = client.indexes()
         detail = client.index(test_index)
-    info = indexes.lookup(sync_client(settings), Keys(settings.key_prefix), test_index)
+    info = indexes.lookup(sync_client(settings.redis), Keys(settings.redis.key_prefix), test_index)
     assert info is not None
     assert listed.default_index == test_index
     summary = next(ix for ix in listed.indexes if ix.name == test_index)
@@ -47,8 +47,8 @@ def test_unknown_index_is_404(api: Api) -> None:
 
 
 def test_an_index_registered_before_the_counts_shows_them_as_null(api: Api, settings: Settings) -> None:
-    store = sync_client(settings)
-    keys = Keys(settings.key_prefix)
+    store = sync_client(settings.redis)
+    keys = Keys(settings.redis.key_prefix)
     # An entry as ingest wrote it before documents and bytes were recorded.
     old = {
         "name": "legacy",

@@ -134,7 +134,7 @@ def test_a_key_whose_job_expired_starts_a_new_job(
     key = {"Idempotency-Key": f"k-{uuid.uuid4()}"}
     body = {"query": "When is the library closed?", "mode": "retrieval"}
     first = client.post("/v1/jobs", json=body, headers=key).json()["job_id"]
-    redis.Redis.from_url(settings.redis_url).delete(Keys(settings.key_prefix).job(first))
+    redis.Redis.from_url(settings.redis.redis_url).delete(Keys(settings.redis.key_prefix).job(first))
     again = client.post("/v1/jobs", json=body, headers=key)
     assert again.status_code == 202 and "Idempotent-Replayed" not in again.headers
     assert again.json()["job_id"] != first
@@ -210,7 +210,7 @@ def test_rag_job_runs_to_done_and_its_webhook_verifies(
 
     (hook,) = receiver.wait(url, 1, timeout=30)
     assert hook.headers["content-type"] == "application/json"
-    assert verify_signature(settings.webhook_secret, hook.headers, hook.body)
+    assert verify_signature(settings.webhooks.webhook_secret, hook.headers, hook.body)
     assert not verify_signature("wrong-secret", hook.headers, hook.body)
     payload = json.loads(hook.body)
     job = wait_delivery(client, job_id, {"delivered"})
@@ -262,7 +262,7 @@ def test_webhook_is_dead_lettered_after_the_last_attempt(
     ).json()["job_id"]
     job = wait_delivery(client, job_id, {"dead"})
     webhook = job["webhook"]
-    assert webhook["status"] == "dead" and webhook["attempts"] == settings.webhook_max_attempts == 4
+    assert webhook["status"] == "dead" and webhook["attempts"] == settings.webhooks.webhook_max_attempts == 4
     assert webhook["dead_lettered_at"] and webhook["last_attempt"]["status_code"] == 500
     assert len(receiver.received(url)) == 4
     time.sleep(1.5)
@@ -298,8 +298,8 @@ def test_410_stops_delivery(client: httpx.Client, workers, callbacks_worker, rec
 def test_per_principal_secret_signs_the_webhook(
     client: httpx.Client, workers, callbacks_worker, receiver: Receiver, settings: Settings
 ) -> None:
-    keys = Keys(settings.key_prefix)
-    r = redis.Redis.from_url(settings.redis_url)
+    keys = Keys(settings.redis.key_prefix)
+    r = redis.Redis.from_url(settings.redis.redis_url)
     r.set(keys.webhook_secret("anonymous"), "anon-own-secret")
     try:
         url = receiver.url()
@@ -308,7 +308,7 @@ def test_per_principal_secret_signs_the_webhook(
     finally:
         r.delete(keys.webhook_secret("anonymous"))
     assert verify_signature("anon-own-secret", hook.headers, hook.body)
-    assert not verify_signature(settings.webhook_secret, hook.headers, hook.body)
+    assert not verify_signature(settings.webhooks.webhook_secret, hook.headers, hook.body)
 
 
 def test_a_saturated_resolver_is_a_503_not_a_bad_url(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> None:
@@ -325,7 +325,8 @@ def test_a_saturated_resolver_is_a_503_not_a_bad_url(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(api_jobs, "check_url", saturated)  # the one narrow fake: a busy resolver
     client = aioredis.Redis.from_url(redis_url)
-    service = api_jobs.JobService(Settings(), redis=client, pipeline=None)  # type: ignore[arg-type]
+    s = Settings()
+    service = api_jobs.JobService(s.jobs, s.webhooks, s.redis, redis=client, pipeline=None)  # type: ignore[arg-type]
     with pytest.raises(ApiError) as refused:
         asyncio.run(service._check_webhook("https://example.com/hook"))
     assert refused.value.status == 503 and "Retry-After" in refused.value.headers

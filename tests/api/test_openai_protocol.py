@@ -13,7 +13,7 @@ import pytest
 
 from api.errors import ApiError, error_response, invalid
 from api.openai_protocol import ChatCompletionRequest, query_request, request_id_of, version_created
-from api.pipeline import QueryContext
+from api.pipeline import Query, QueryContext
 from api.pipeline.validate import parse_body, query_of
 from api.protocol import QueryResponse
 from api.render_openai import ChunkStream, chat_stream, completion_of
@@ -21,12 +21,16 @@ from broker.contract import Done, Error, Restart, Source, Sources, Timings, Toke
 from broker.events import Event
 from broker.settings import Settings
 
-SETTINGS = Settings(default_index="docs", max_new_tokens=64, max_history_turns=3)
+SETTINGS = Settings().replace(default_index="docs", max_new_tokens=64, max_history_turns=3)
 SOURCE = Source(chunk_id="c1", source="cafe.md", title="Café", text="Opens at 7:15.", score=0.9)
 
 
 def chat(body: dict[str, Any]) -> ChatCompletionRequest:
     return parse_body(json.dumps(body).encode(), ChatCompletionRequest, "application/json")
+
+
+def query_of_chat(req: ChatCompletionRequest) -> Query:
+    return query_of(query_request(req), SETTINGS.api, SETTINGS.retrieval, SETTINGS.generation)
 
 
 def messages(*turns: tuple[str, Any]) -> list[dict[str, Any]]:
@@ -61,19 +65,19 @@ def test_the_last_message_is_the_query_and_earlier_turns_its_history() -> None:
             "something_new": [1, 2],
         }
     )
-    q = query_of(query_request(req), SETTINGS)
+    q = query_of_chat(req)
     assert q.query == "When does the café open?" and q.index == "docs" and q.mode == "rag"
     assert [(t.role, t.content) for t in q.history] == [("user", "Hi"), ("assistant", "Hello! [1]")]
     # max_tokens is capped at the server's; the server's defaults are named, for the cache key.
     assert (q.sampling.max_tokens, q.sampling.temperature, q.sampling.stop) == (64, 0.5, ("\n\n",))
-    plain = query_of(query_request(chat({"model": "docs", "messages": messages(("user", "q?"))})), SETTINGS)
+    plain = query_of_chat(chat({"model": "docs", "messages": messages(("user", "q?"))}))
     assert (plain.sampling.max_tokens, plain.sampling.temperature, plain.history) == (64, 0.0, ())
 
 
 def test_only_the_most_recent_turns_are_kept() -> None:
     turns = [("user" if i % 2 == 0 else "assistant", f"turn {i}") for i in range(8)]
     req = chat({"model": "docs", "messages": messages(*turns, ("user", "last?"))})
-    q = query_of(query_request(req), SETTINGS)
+    q = query_of_chat(req)
     assert [t.content for t in q.history] == ["turn 5", "turn 6", "turn 7"]
 
 
@@ -132,7 +136,7 @@ def test_a_conversation_it_cannot_answer_is_400(body: dict[str, Any], param: str
 def test_sampling_out_of_the_server_s_bounds_is_refused(extra: dict[str, Any], param: str) -> None:
     req = chat({"model": "docs", "messages": messages(("user", "q")), **extra})
     with pytest.raises(ApiError) as caught:
-        query_of(query_request(req), SETTINGS)
+        query_of_chat(req)
     assert caught.value.param == param
     assert error_response(caught.value, None, path="/v1/chat/completions").status_code == 400
 

@@ -27,7 +27,7 @@ from broker.result_cache import Lookup, Outcome
 from broker.settings import Settings
 
 T = TypeVar("T")
-SETTINGS = Settings(
+SETTINGS = Settings().replace(
     default_index="docs", default_deadline_ms=30_000, min_deadline_ms=100, max_deadline_ms=180_000
 )
 SOURCE = Source(chunk_id="c1", source="cafe.md", title="Café", text="Opens at 7:15.", score=0.9)
@@ -50,7 +50,7 @@ class FakeCache:
         self.released: list[str] = []
 
     def key(self, index: str, digest: str) -> str:
-        return Lookup(Outcome.MISS, self.versions[index]).key(Keys(SETTINGS.key_prefix), index, digest)
+        return Lookup(Outcome.MISS, self.versions[index]).key(Keys(SETTINGS.redis.key_prefix), index, digest)
 
     async def lookup(self, index: str, digest: str, *, request_id: str = "") -> Lookup:
         version = self.versions.get(index)
@@ -176,8 +176,11 @@ def parts(decision: Decision = ADMIT) -> Parts:
         cancelled.append(request_id)
 
     pipeline = Pipeline(
-        SETTINGS,
+        SETTINGS.api,
+        SETTINGS.retrieval,
+        SETTINGS.generation,
         admission,  # type: ignore[arg-type]
+        keys=Keys(SETTINGS.redis.key_prefix),
         cache=cache,
         publish=queue,
         read_events=streams,
@@ -237,7 +240,9 @@ def test_validate_takes_json_of_any_json_type_and_the_endpoints_model() -> None:
         content_type="application/vnd.api+json; charset=utf-8",
     )
     assert (
-        ctx.asked.query == "When?" and ctx.asked.index == "docs" and ctx.asked.top_k == SETTINGS.default_top_k
+        ctx.asked.query == "When?"
+        and ctx.asked.index == "docs"
+        and ctx.asked.top_k == SETTINGS.api.default_top_k
     )
     assert isinstance(ctx.request, JobRequest) and ctx.request.webhook_url == "https://example.com/h"
 

@@ -181,7 +181,7 @@ def test_disconnect_aborts_generation(api, workers, redis_url: str) -> None:
                 break
     # the connection is closed here, mid-answer
     closed = time.monotonic()
-    key = Keys(workers.settings.key_prefix).events(request_id)
+    key = Keys(workers.settings.redis.key_prefix).events(request_id)
     while True:
         last = client.xrevrange(key, count=1)
         if last and last[0][1][b"type"] in (b"error", b"done"):

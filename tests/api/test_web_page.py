@@ -104,7 +104,11 @@ def test_page_says_why_a_request_was_refused(
 
     # A key with one request in its bucket: the index list spends it, the question gets 429.
     key, _ = apikeys.create(
-        redis.Redis.from_url(settings.redis_url), Keys(settings.key_prefix), "page", rate=0.01, burst=1
+        redis.Redis.from_url(settings.redis.redis_url),
+        Keys(settings.redis.key_prefix),
+        "page",
+        rate=0.01,
+        burst=1,
     )
     browser.find_element(By.ID, "key").send_keys(key, Key.TAB)
     _wait(browser).until(lambda b: Select(b.find_element(By.ID, "index")).options)

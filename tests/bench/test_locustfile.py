@@ -23,8 +23,8 @@ QUERY = "Which platform does the coast train leave from? (locust)"
 
 
 def test_locustfile_headless(auth_apis: list[Api], workers, settings: Settings, tmp_path: Path) -> None:
-    client = redis.Redis.from_url(settings.redis_url)
-    keys = [apikeys.create(client, Keys(settings.key_prefix), f"locust-{i}")[0] for i in range(2)]
+    client = redis.Redis.from_url(settings.redis.redis_url)
+    keys = [apikeys.create(client, Keys(settings.redis.key_prefix), f"locust-{i}")[0] for i in range(2)]
     base = auth_apis[0].base
     # Warm the result cache for the RAG query, so a few seconds of load finish many requests on
     # this 2-core machine; retrieval-only requests compute (then hit) on their own.

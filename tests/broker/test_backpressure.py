@@ -25,7 +25,7 @@ from broker.backpressure import (
 )
 from broker.celery_app import create_celery
 from broker.keys import Keys
-from broker.settings import Settings
+from broker.settings import RedisSettings
 
 
 def _monitor(redis_url: str, keys: Keys, queues: tuple[str, ...], **kw: float) -> BackpressureMonitor:
@@ -52,7 +52,7 @@ def test_priority_lists_are_kombus() -> None:
 def test_depth_counts_every_priority_list_and_the_unacked_hash(redis_url: str) -> None:
     queue = f"bp-{uuid.uuid4().hex[:8]}"
     keys = Keys(f"ragline-test-{uuid.uuid4().hex[:8]}")
-    app = create_celery(Settings(redis_url=redis_url))
+    app = create_celery(RedisSettings(redis_url=redis_url))
     for priority in (0, 0, 0, 4, 9, 9):
         app.send_task("ragline.nothing", kwargs={"x": priority}, queue=queue, priority=priority)
     sync = redis.Redis.from_url(redis_url)

@@ -50,22 +50,22 @@ def test_detect_reads_this_process() -> None:
 
 def test_settings_fill_only_what_is_unset_and_say_why() -> None:
     here = host.detect()
-    s = Settings(dtype="float32", max_num_seqs=3)
-    assert (s.dtype, s.max_num_seqs) == ("float32", 3)
-    assert s.torch_threads == len(here.cores)
-    assert s.cpu_omp_threads_bind == host.core_list(here.cores)
+    s = Settings().replace(dtype="float32", max_num_seqs=3)
+    assert (s.generation.dtype, s.generation.max_num_seqs) == ("float32", 3)
+    assert s.retrieval.torch_threads == len(here.cores)
+    assert s.generation.cpu_omp_threads_bind == host.core_list(here.cores)
     line = s.host_defaults_line()
     assert "torch_threads=" in line and "cpu_kvcache_space_gib=" in line
     assert "dtype=" not in line and "max_num_seqs=" not in line
     # A copy with a value of its own no longer reports that value as the host's.
-    assert "torch_threads=" not in s.model_copy(update={"torch_threads": 7}).host_defaults_line()
+    assert "torch_threads=" not in s.replace(torch_threads=7).host_defaults_line()
 
 
 def test_settings_from_the_environment_win(monkeypatch) -> None:
     monkeypatch.setenv("RAGLINE_CPU_OMP_THREADS_BIND", "1")
     monkeypatch.setenv("RAGLINE_DTYPE", "bfloat16")
     s = Settings()
-    assert (s.cpu_omp_threads_bind, s.dtype) == ("1", "bfloat16")
+    assert (s.generation.cpu_omp_threads_bind, s.generation.dtype) == ("1", "bfloat16")
 
 
 def test_a_cpu_quota_bounds_the_cores(tmp_path) -> None:

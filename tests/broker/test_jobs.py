@@ -24,7 +24,7 @@ KEYS = Keys(PREFIX)
 
 @pytest.fixture
 def cfg(redis_url: str) -> Settings:
-    return Settings(redis_url=redis_url, key_prefix=PREFIX, job_ttl_s=120, event_stream_ttl_s=60)
+    return Settings().replace(redis_url=redis_url, key_prefix=PREFIX, job_ttl_s=120, event_stream_ttl_s=60)
 
 
 @pytest.fixture
@@ -48,9 +48,11 @@ def _record(job_id: str, *, mode: str = "rag", webhook: str | None = "https://ho
 
 def _create(cfg: Settings, record: dict, idempotency: str | None = None) -> tuple[bool, str]:
     async def run() -> tuple[bool, str]:
-        client = aioredis.Redis.from_url(cfg.redis_url)
+        client = aioredis.Redis.from_url(cfg.redis.redis_url)
         try:
-            return await jobs.AsyncJobStore(client, cfg).create(record, idempotency=idempotency)
+            return await jobs.AsyncJobStore(client, cfg.redis, cfg.jobs).create(
+                record, idempotency=idempotency
+            )
         finally:
             await client.aclose()
 
@@ -59,9 +61,9 @@ def _create(cfg: Settings, record: dict, idempotency: str | None = None) -> tupl
 
 def _cancel(cfg: Settings, job_id: str) -> str:
     async def run() -> str:
-        client = aioredis.Redis.from_url(cfg.redis_url)
+        client = aioredis.Redis.from_url(cfg.redis.redis_url)
         try:
-            return await jobs.AsyncJobStore(client, cfg).cancel(job_id)
+            return await jobs.AsyncJobStore(client, cfg.redis, cfg.jobs).cancel(job_id)
         finally:
             await client.aclose()
 
@@ -208,15 +210,16 @@ def test_a_missing_job_stops_its_task(client: redis.Redis, cfg: Settings) -> Non
 
 
 def test_plain_requests_have_no_tracker(cfg: Settings, client: redis.Redis) -> None:
-    assert jobs.tracker(client, cfg, None) is None
-    assert isinstance(jobs.tracker(client, cfg, "abc"), jobs.JobTracker)
+    keys = Keys(cfg.redis.key_prefix)
+    assert jobs.tracker(client, keys, cfg.jobs, None) is None
+    assert isinstance(jobs.tracker(client, keys, cfg.jobs, "abc"), jobs.JobTracker)
 
 
 def test_a_key_keeps_at_most_its_budget_of_finished_records(client: redis.Redis, cfg: Settings) -> None:
     """Past job_records_per_key a new job removes its key's oldest finished records, never one
     that is running or still has a webhook to deliver, nor another key's."""
     owner = f"key-{uuid.uuid4().hex[:8]}"
-    budget = cfg.model_copy(update={"job_records_per_key": 3})
+    budget = cfg.replace(job_records_per_key=3)
 
     def make(*, finish: bool, webhook: str | None = None, who: str = owner) -> str:
         job_id = uuid.uuid4().hex
@@ -248,4 +251,4 @@ def test_a_key_keeps_at_most_its_budget_of_finished_records(client: redis.Redis,
         newest: True,
     }
     assert client.zcard(KEYS.jobs_of(owner)) == 3
-    assert 0 < client.ttl(KEYS.jobs_of(owner)) <= budget.job_ttl_s
+    assert 0 < client.ttl(KEYS.jobs_of(owner)) <= budget.jobs.job_ttl_s

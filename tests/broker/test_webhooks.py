@@ -25,7 +25,7 @@ KEYS = Keys(PREFIX)
 
 @pytest.fixture
 def cfg(redis_url: str) -> Settings:
-    return Settings(redis_url=redis_url, key_prefix=PREFIX, webhook_max_attempts=3, job_ttl_s=120)
+    return Settings().replace(redis_url=redis_url, key_prefix=PREFIX, webhook_max_attempts=3, job_ttl_s=120)
 
 
 @pytest.fixture
@@ -37,7 +37,9 @@ def client(redis_url: str) -> redis.Redis:
 
 @pytest.fixture
 def store(client: redis.Redis, cfg: Settings) -> webhooks.DeliveryStore:
-    return webhooks.DeliveryStore(client, cfg)
+    return webhooks.DeliveryStore(
+        client, Keys(cfg.redis.key_prefix), cfg.webhooks, job_ttl_s=cfg.jobs.job_ttl_s
+    )
 
 
 def _finished_job(client: redis.Redis) -> str:

@@ -46,7 +46,7 @@ def test_ingest_refuses_a_name_outside_the_index_root(
         (home / sibling).mkdir(parents=True)
         (home / sibling / "keep.txt").write_text("mine")
     before = _tree(home)
-    done = _ragline(settings.model_copy(update={"home": home}), "ingest", str(corpus), "--index", name)
+    done = _ragline(settings.replace(home=home), "ingest", str(corpus), "--index", name)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "index name" in done.stderr and "letters, digits" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
@@ -56,7 +56,7 @@ def test_ingest_refuses_a_name_outside_the_index_root(
 def test_ingest_refuses_a_bad_default_index(settings: Settings, corpus: Path, tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    bad = settings.model_copy(update={"home": home, "default_index": "../x"})
+    bad = settings.replace(home=home, default_index="../x")
     done = _ragline(bad, "ingest", str(corpus))
     assert done.returncode == 2 and "'../x'" in done.stderr, done.stderr
     assert list(home.iterdir()) == []
@@ -79,7 +79,7 @@ def test_webhooks_secret_set_signs_that_keys_deliveries(
     assert secret.startswith("whsec_") and "shown once" in done.stderr
 
     monkeypatch.setattr(callbacks, "settings", settings)
-    monkeypatch.setattr(callbacks, "keys", Keys(settings.key_prefix))
+    monkeypatch.setattr(callbacks, "keys", Keys(settings.redis.key_prefix))
     monkeypatch.setattr(callbacks, "host_slots", callbacks.HostSlots(4))
 
     def delivered_signature_verifies(with_secret: str) -> bool:
@@ -98,7 +98,7 @@ def test_webhooks_secret_set_signs_that_keys_deliveries(
 
     with running_receiver() as receiver:
         assert delivered_signature_verifies(secret)
-        assert not delivered_signature_verifies(settings.webhook_secret)
+        assert not delivered_signature_verifies(settings.webhooks.webhook_secret)
         brought = "my-own-secret-0123456789"
         assert (
             _ragline(settings, "webhooks", "secret", "set", key_id, "--stdin", stdin=brought + "\n").stdout
@@ -106,7 +106,7 @@ def test_webhooks_secret_set_signs_that_keys_deliveries(
         )
         assert delivered_signature_verifies(brought)
         assert _ragline(settings, "webhooks", "secret", "clear", key_id).returncode == 0
-        assert delivered_signature_verifies(settings.webhook_secret)
+        assert delivered_signature_verifies(settings.webhooks.webhook_secret)
 
 
 def test_webhooks_secret_set_refuses_unknown_keys_and_weak_secrets(settings: Settings) -> None:

@@ -214,8 +214,8 @@ def test_keys_rate_limits_and_an_unavailable_server(
     with Client(base, retries=0) as anonymous, pytest.raises(Unauthorized, match="API key is required"):
         anonymous.indexes()
 
-    store = redis.Redis.from_url(settings.redis_url)
-    slow_key, _ = apikeys.create(store, Keys(settings.key_prefix), "client-test", rate=0.2, burst=1)
+    store = redis.Redis.from_url(settings.redis.redis_url)
+    slow_key, _ = apikeys.create(store, Keys(settings.redis.key_prefix), "client-test", rate=0.2, burst=1)
     with Client(base, api_key=slow_key, retries=0) as client:
         client.indexes()
         with pytest.raises(RateLimited) as limited:
@@ -223,7 +223,7 @@ def test_keys_rate_limits_and_an_unavailable_server(
     assert limited.value.retry_after and limited.value.retry_after >= 1
 
     # Retried after the Retry-After the server gave (1 s at 1 request/s).
-    key, _ = apikeys.create(store, Keys(settings.key_prefix), "client-retry", rate=1, burst=1)
+    key, _ = apikeys.create(store, Keys(settings.redis.key_prefix), "client-retry", rate=1, burst=1)
     with Client(base, api_key=key, retries=1) as client:
         client.indexes()
         assert client.indexes().indexes

@@ -49,35 +49,33 @@ def test_demo_answers_say_no_sentence_twice(
     from broker.keys import Keys
     from broker.redis_pool import sync_client
     from workers.generation.engine import EngineHost
+    from workers.generation.model_prep import generation_model_path
     from workers.generation.prompt import build_rag_prompt
     from workers.retrieval import index_store
     from workers.retrieval.ingest import ingest
 
     defaults = Settings()
-    demo = settings.model_copy(
-        update={
-            "home": tmp_path,
-            "key_prefix": "ragline-demo-answers",
-            # What a user's demo runs with, not the suite's exact-text settings.
-            "dtype": defaults.dtype,
-            "max_new_tokens": defaults.max_new_tokens,
-            "frequency_penalty": defaults.frequency_penalty,
-            "chunk_words": defaults.chunk_words,
-            "chunk_overlap_words": defaults.chunk_overlap_words,
-            "max_num_seqs": 4,
-        }
+    demo = settings.replace(
+        home=tmp_path,
+        key_prefix="ragline-demo-answers",
+        dtype=defaults.generation.dtype,
+        max_new_tokens=defaults.generation.max_new_tokens,
+        frequency_penalty=defaults.generation.frequency_penalty,
+        chunk_words=defaults.retrieval.chunk_words,
+        chunk_overlap_words=defaults.retrieval.chunk_overlap_words,
+        max_num_seqs=4,
     )
     (tmp_path / "models").symlink_to(settings.models_dir.resolve(), target_is_directory=True)
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     write_demo_corpus(corpus)
     ingest(demo, [corpus], index_name="demo", embedder=embedder, progress=False)
-    info = indexes.lookup(sync_client(demo), Keys(demo.key_prefix), "demo")
+    info = indexes.lookup(sync_client(demo.redis), Keys(demo.redis.key_prefix), "demo")
     assert info is not None
-    loaded = index_store.load(info, ef_search=demo.hnsw_ef_search)
+    loaded = index_store.load(info, ef_search=demo.retrieval.hnsw_ef_search)
     tokenizer = AutoTokenizer.from_pretrained(prepared_model)
 
-    engine = EngineHost(demo)
+    engine = EngineHost(demo.generation, generation_model_path(demo))
     engine.start()
     try:
         for i, question in enumerate(QUESTIONS):
@@ -86,11 +84,11 @@ def test_demo_answers_say_no_sentence_twice(
                 Source(chunk_id=c.chunk_id, source=c.source, title=c.title, text=c.text, score=s)
                 for c, s in hits
             ]
-            prompt = build_rag_prompt(demo, tokenizer, question, sources)
+            prompt = build_rag_prompt(demo.generation, tokenizer, question, sources)
             answer = "".join(
                 d.text
                 for d in engine.stream(
-                    f"demo-{i}", prompt.text, max_tokens=demo.max_new_tokens, timeout_s=300
+                    f"demo-{i}", prompt.text, max_tokens=demo.generation.max_new_tokens, timeout_s=300
                 )
             )
             assert answer.strip(), question

@@ -53,16 +53,14 @@ def _wait_http(url: str, log: Path, ok: tuple[int, ...] = (200,), timeout: float
 
 def _public(settings: Settings) -> Settings:
     """What a production box that never set its secrets runs with."""
-    return settings.model_copy(
-        update={"webhook_secret": DEV_WEBHOOK_SECRET, "flower_password": "ragline", "dev_mode": False}
-    )
+    return settings.replace(webhook_secret=DEV_WEBHOOK_SECRET, flower_password="ragline", dev_mode=False)
 
 
 def _command(how: str, settings: Settings) -> list[str]:
     return {
         "ragline-api": [*RAGLINE, "api"],
         # uvicorn on its own (no `ragline` in front): the app factory refuses.
-        "uvicorn": processes.api_command(settings),
+        "uvicorn": processes.api_command(settings.api),
         "ragline-worker-callbacks": [*RAGLINE, "worker", "callbacks"],
         # Celery on its own: the worker refuses at worker_init.
         "celery-worker": processes.worker_command("callbacks", settings),
@@ -71,7 +69,7 @@ def _command(how: str, settings: Settings) -> list[str]:
 
 @pytest.mark.parametrize("how", ["ragline-api", "uvicorn", "ragline-worker-callbacks", "celery-worker"])
 def test_refuses_the_development_webhook_secret(settings: Settings, how: str) -> None:
-    public = _public(settings).model_copy(update={"api_port": free_port()})
+    public = _public(settings).replace(api_port=free_port())
     try:
         done = _run(_command(how, public), public, timeout=60)
     except subprocess.TimeoutExpired:
@@ -86,14 +84,14 @@ def test_refuses_the_development_webhook_secret(settings: Settings, how: str) ->
     [("ragline", "well-known default"), ("Change-Me", "well-known default"), ("short-pw", "shorter than 12")],
 )
 def test_flower_refuses_a_guessable_password(settings: Settings, password: str, why: str) -> None:
-    weak = settings.model_copy(update={"flower_password": password, "flower_port": free_port()})
+    weak = settings.replace(flower_password=password, flower_port=free_port())
     done = _run([*RAGLINE, "flower"], weak, timeout=60)
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert f"RAGLINE_FLOWER_PASSWORD {'is a ' if 'known' in why else 'is '}{why}" in done.stderr
 
 
 def test_up_refuses_a_weak_secret_before_starting_anything(settings: Settings, tmp_path: Path) -> None:
-    weak = settings.model_copy(update={"home": tmp_path, "flower_password": "admin"})
+    weak = settings.replace(home=tmp_path, flower_password="admin")
     done = _run([*RAGLINE, "up"], weak, timeout=60)
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert "RAGLINE_FLOWER_PASSWORD is a well-known default" in done.stderr
@@ -101,20 +99,23 @@ def test_up_refuses_a_weak_secret_before_starting_anything(settings: Settings, t
 
 
 def test_dev_mode_starts_the_api_on_defaults(settings: Settings, tmp_path: Path) -> None:
-    dev = _public(settings).model_copy(update={"dev_mode": True, "api_port": free_port()})
+    dev = _public(settings).replace(dev_mode=True, api_port=free_port())
     with _started([*RAGLINE, "api"], dev, tmp_path / "api.log"):
-        _wait_http(f"http://127.0.0.1:{dev.api_port}/healthz", tmp_path / "api.log")
+        _wait_http(f"http://127.0.0.1:{dev.api.api_port}/healthz", tmp_path / "api.log")
 
 
 def test_flower_with_a_real_password_listens_on_loopback_only(settings: Settings, tmp_path: Path) -> None:
-    real = settings.model_copy(
-        update={"flower_password": "a-real-flower-password", "flower_port": free_port()}
-    )
+    real = settings.replace(flower_password="a-real-flower-password", flower_port=free_port())
     log = tmp_path / "flower.log"
     with _started([*RAGLINE, "flower"], real, log) as flower:
-        base = f"http://127.0.0.1:{real.flower_port}/"
+        base = f"http://127.0.0.1:{real.flower.flower_port}/"
         _wait_http(base, log, ok=(401,))
-        assert httpx.get(base, auth=(real.flower_user, real.flower_password), timeout=5).status_code == 200
+        assert (
+            httpx.get(
+                base, auth=(real.flower.flower_user, real.flower.flower_password), timeout=5
+            ).status_code
+            == 200
+        )
         family = [flower, *flower.children(recursive=True)]
         listening = {
             c.laddr.ip for p in family for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN

@@ -112,14 +112,12 @@ def _home(settings: Settings, tmp_path: Path) -> Settings:
     home = tmp_path / "home"
     home.mkdir()
     (home / "models").symlink_to(settings.models_dir.resolve(), target_is_directory=True)
-    return settings.model_copy(
-        update={
-            "redis_url": f"redis://127.0.0.1:{free_port()}/0",  # nothing listens: embedded Redis starts
-            "home": home,
-            "api_port": free_port(),
-            "flower_port": free_port(),
-            "max_num_seqs": 2,
-        }
+    return settings.replace(
+        redis_url=f"redis://127.0.0.1:{free_port()}/0",
+        home=home,
+        api_port=free_port(),
+        flower_port=free_port(),
+        max_num_seqs=2,
     )
 
 
@@ -128,12 +126,12 @@ def test_up_sigterm_hands_back_a_job_in_flight_and_ctrl_c_stops_all(
 ) -> None:
     from workers.retrieval.ingest import ingest
 
-    up_settings = _home(settings, tmp_path).model_copy(
-        update={"max_new_tokens": ANSWER_TOKENS, "min_new_tokens": ANSWER_TOKENS}
+    up_settings = _home(settings, tmp_path).replace(
+        max_new_tokens=ANSWER_TOKENS, min_new_tokens=ANSWER_TOKENS
     )
-    base = f"http://127.0.0.1:{up_settings.api_port}"
+    base = f"http://127.0.0.1:{up_settings.api.api_port}"
     log = tmp_path / "up.log"
-    keys = Keys(up_settings.key_prefix)
+    keys = Keys(up_settings.redis.key_prefix)
 
     with _running("up", up_settings, log) as up:
         _wait_ready(up, base, log)
@@ -141,7 +139,7 @@ def test_up_sigterm_hands_back_a_job_in_flight_and_ctrl_c_stops_all(
         assert any("redis-server" in n for n in names), names
         assert len(names) >= 5  # redis, 3 workers (+ the engine core), api, flower
 
-        flower = f"http://127.0.0.1:{up_settings.flower_port}/"
+        flower = f"http://127.0.0.1:{up_settings.flower.flower_port}/"
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -154,9 +152,9 @@ def test_up_sigterm_hands_back_a_job_in_flight_and_ctrl_c_stops_all(
         stored = json.loads((up_settings.home / "secrets.json").read_text())
         assert stat.S_IMODE((up_settings.home / "secrets.json").stat().st_mode) == 0o600
         assert f"RAGLINE_FLOWER_PASSWORD={stored['flower_password']}" in log.read_text()
-        auth = (settings.flower_user, stored["flower_password"])
+        auth = (settings.flower.flower_user, stored["flower_password"])
         assert httpx.get(flower, auth=auth, timeout=5).status_code == 200
-        assert not httpx.get(flower, auth=(settings.flower_user, "ragline"), timeout=5).is_success
+        assert not httpx.get(flower, auth=(settings.flower.flower_user, "ragline"), timeout=5).is_success
         flower_proc = next(
             p for p in psutil.Process(up.pid).children(recursive=True) if "flower" in p.cmdline()
         )
@@ -165,9 +163,9 @@ def test_up_sigterm_hands_back_a_job_in_flight_and_ctrl_c_stops_all(
 
         url = _embedded_redis_url(log)
         ingest(
-            up_settings.model_copy(update={"redis_url": url}),
+            up_settings.replace(redis_url=url),
             [corpus],
-            index_name=up_settings.default_index,
+            index_name=up_settings.retrieval.default_index,
             embedder=embedder,  # type: ignore[arg-type]
             progress=False,
         )

@@ -28,12 +28,12 @@ PREFIX = "ragline-test-callbacks"
 
 @pytest.fixture
 def cfg(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    s = Settings(
+    s = Settings().replace(
         redis_url=redis_url, key_prefix=PREFIX, webhook_host_allowlist=["127.0.0.1"], webhook_timeout_s=2
     )
     monkeypatch.setattr(callbacks, "settings", s)
     monkeypatch.setattr(callbacks, "keys", Keys(PREFIX))
-    monkeypatch.setattr(callbacks, "host_slots", callbacks.HostSlots(s.webhook_host_concurrency))
+    monkeypatch.setattr(callbacks, "host_slots", callbacks.HostSlots(s.webhooks.webhook_host_concurrency))
     return s
 
 
@@ -52,7 +52,9 @@ def test_attempt_posts_the_signed_final_json(cfg: Settings, receiver: Receiver) 
     assert json.loads(hook.body) == jobs.view(record, delivery=False)
     h = hook.headers
     timestamp, signature = h["x-ragline-timestamp"], h["x-ragline-signature"]
-    assert webhooks.verify(cfg.webhook_secret, timestamp, record["delivery_id"], hook.body, signature)
+    assert webhooks.verify(
+        cfg.webhooks.webhook_secret, timestamp, record["delivery_id"], hook.body, signature
+    )
     assert h["x-ragline-delivery"] == record["delivery_id"] and h["x-ragline-attempt"] == "2"
 
 
@@ -138,8 +140,8 @@ def test_a_trickling_receiver_is_cut_off_at_the_deadline(
 ) -> None:
     """Every read gets a byte well within the per-read timeout; the attempt still ends at its
     overall deadline, long before the receiver would have finished its answer."""
-    monkeypatch.setattr(cfg, "webhook_timeout_s", 5.0)
-    monkeypatch.setattr(cfg, "webhook_deadline_s", 1.0)
+    monkeypatch.setattr(cfg.webhooks, "webhook_timeout_s", 5.0)
+    monkeypatch.setattr(cfg.webhooks, "webhook_deadline_s", 1.0)
     with running_trickler(byte_every_s=0.25) as trickler:  # about 20 s for the whole answer
         outcome, last = callbacks.attempt_delivery(finished_job_record(trickler.base + "/hook"), 1)
         assert outcome == "retry" and last["error"].startswith("deadline"), last
@@ -152,7 +154,7 @@ def test_one_host_holds_at_most_its_share_of_delivery_threads(
 ) -> None:
     """With two slots per host, a third attempt to a slow host is deferred (it never connects,
     and costs no attempt) while the first two hang on the receiver."""
-    monkeypatch.setattr(cfg, "webhook_deadline_s", 3.0)
+    monkeypatch.setattr(cfg.webhooks, "webhook_deadline_s", 3.0)
     monkeypatch.setattr(callbacks, "host_slots", callbacks.HostSlots(2))
     with running_trickler(byte_every_s=1.0) as trickler, ThreadPoolExecutor(3) as pool:
         slow = [
@@ -183,7 +185,7 @@ def test_the_worker_serves_metrics_on_loopback_only(settings: Settings, tmp_path
     probes read it) and listens on 127.0.0.1 only unless RAGLINE_WORKER_METRICS_HOST says otherwise."""
     port = free_port()
     log = tmp_path / "callbacks.log"
-    env = env_for(settings.model_copy(update={"worker_metrics_port": port}))
+    env = env_for(settings.replace(worker_metrics_port=port))
     env.pop("RAGLINE_WORKER_METRICS_HOST")  # the default
     with processes.Supervisor(grace_s=5.0) as sup, log.open("ab") as out:
         child = sup.start(

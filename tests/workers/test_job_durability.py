@@ -40,13 +40,13 @@ class Stack:
     generation: Proc
 
     def tokens(self, job_id: str) -> int:
-        events = self.redis.xrange(Keys(self.settings.key_prefix).events(job_id))
+        events = self.redis.xrange(Keys(self.settings.redis.key_prefix).events(job_id))
         return sum(1 for _id, fields in events if fields[b"type"] == b"token")
 
     def joined_tokens(self, job_id: str) -> str:
         """The answer a reader of the stream joins: the tokens after the last ``restart``."""
         joined = ""
-        for _id, fields in self.redis.xrange(Keys(self.settings.key_prefix).events(job_id)):
+        for _id, fields in self.redis.xrange(Keys(self.settings.redis.key_prefix).events(job_id)):
             if fields[b"type"] == b"restart":
                 joined = ""
             elif fields[b"type"] == b"token":
@@ -54,7 +54,7 @@ class Stack:
         return joined
 
     def finals(self, job_id: str) -> list[bytes]:
-        events = self.redis.xrange(Keys(self.settings.key_prefix).events(job_id))
+        events = self.redis.xrange(Keys(self.settings.redis.key_prefix).events(job_id))
         return [fields[b"type"] for _id, fields in events if fields[b"type"] in (b"done", b"error")]
 
     def job(self, job_id: str) -> dict:
@@ -85,7 +85,7 @@ def stack(
     settings: Settings, prepared_model: Path, test_index: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
     # The next database after the session's.
-    url = redis_db_after(settings.redis_url, 1, "RAGLINE_TEST_ALT_REDIS_URL")
+    url = redis_db_after(settings.redis.redis_url, 1, "RAGLINE_TEST_ALT_REDIS_URL")
     with (
         stack_on_db(
             settings,

@@ -32,12 +32,13 @@ from workers.generation.prompt import build_rag_prompt, citations
 
 log = logging.getLogger(__name__)
 settings = get_settings()
-keys = Keys(settings.key_prefix)
-app = create_celery(settings)
-metrics_server.install(settings)
-heartbeat.install(app, GENERATION_QUEUE, settings)
+generation = settings.generation
+keys = Keys(settings.redis.key_prefix)
+app = create_celery(settings.redis)
+metrics_server.install(settings.redis)
+heartbeat.install(app, GENERATION_QUEUE, settings.redis, host_defaults=settings.host_defaults_line())
 # Each task reports how many ran at once beside it: a batching engine's time per task depends on it.
-occupancy = Occupancy(settings.max_num_seqs).track(GENERATE_TASK)
+occupancy = Occupancy(generation.max_num_seqs).track(GENERATE_TASK)
 
 _engine: EngineHost | TransformersEngine | None = None
 _tokenizer: Any = None
@@ -51,14 +52,16 @@ def _start_engine(**_: object) -> None:
     from transformers import AutoTokenizer
 
     _batcher = EventBatcher(
-        sync_client(settings),
+        sync_client(settings.redis),
         keys,
-        ttl_s=settings.event_stream_ttl_s,
-        maxlen=settings.event_stream_maxlen,
+        ttl_s=settings.redis.event_stream_ttl_s,
+        maxlen=settings.redis.event_stream_maxlen,
     )
 
-    _tokenizer = AutoTokenizer.from_pretrained(generation_model_path(settings))
-    _engine = TransformersEngine(settings) if settings.engine == "transformers" else EngineHost(settings)
+    model_path = generation_model_path(settings)
+    _tokenizer = AutoTokenizer.from_pretrained(model_path)
+    engine = TransformersEngine if generation.engine == "transformers" else EngineHost
+    _engine = engine(generation, model_path)
     _engine.start()
 
 
@@ -91,16 +94,16 @@ def generate(self: Task, **kwargs: Any) -> None:
         return
     request_id = task.request_id
     metrics.QUEUE_WAIT_SECONDS.labels(GENERATION_QUEUE).observe(max(0.0, picked_at - task.enqueued_at))
-    client = sync_client(settings)
+    client = sync_client(settings.redis)
     writer = EventWriter(
         client,
         keys,
         request_id,
-        ttl_s=settings.event_stream_ttl_s,
-        maxlen=settings.event_stream_maxlen,
-        job=jobs.tracker(client, settings, task.job_id),
+        ttl_s=settings.redis.event_stream_ttl_s,
+        maxlen=settings.redis.event_stream_maxlen,
+        job=jobs.tracker(client, keys, settings.jobs, task.job_id),
         batch=_batcher.stream(request_id) if _batcher is not None else None,
-        flush_timeout_s=2 * settings.redis_socket_timeout_s + 1,
+        flush_timeout_s=2 * settings.redis.redis_socket_timeout_s + 1,
         occupancy=occupancy,
     )
     if not writer.start("generating"):
@@ -111,9 +114,9 @@ def generate(self: Task, **kwargs: Any) -> None:
         raise Reject("engine not started", requeue=True)
     queue_ms = task.timings.queue_ms + max(0.0, (picked_at - task.enqueued_at) * 1000)
     sampling = task.sampling
-    max_tokens = sampling.max_tokens or settings.max_new_tokens
+    max_tokens = sampling.max_tokens or generation.max_new_tokens
     prompt = build_rag_prompt(
-        settings, _tokenizer, task.query, task.sources, history=task.history, max_tokens=max_tokens
+        generation, _tokenizer, task.query, task.sources, history=task.history, max_tokens=max_tokens
     )
     started = time.perf_counter()
     pieces: list[str] = []
@@ -125,7 +128,7 @@ def generate(self: Task, **kwargs: Any) -> None:
             request_id,
             prompt.text,
             max_tokens=max_tokens,
-            timeout_s=settings.generation_timeout_s,
+            timeout_s=generation.generation_timeout_s,
             temperature=sampling.temperature,
             stop=sampling.stop,
         )

@@ -18,8 +18,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from broker.settings import Settings
-from workers.generation.model_prep import generation_model_path
+from broker.settings import GenerationSettings
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +44,14 @@ _END = object()
 _CORE_EXIT_S = 2.0  # how long the engine core may take to exit on shutdown before vLLM kills it
 
 
-def configure_cpu_env(settings: Settings) -> None:
+def configure_cpu_env(settings: GenerationSettings) -> None:
     """vLLM's CPU backend reads these from the environment when the engine starts."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kvcache_space_gib))
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", settings.cpu_omp_threads_bind)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def engine_args(s: Settings) -> Any:
+def engine_args(s: GenerationSettings, model_path: str) -> Any:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     optional: dict[str, Any] = {}
@@ -63,7 +62,7 @@ def engine_args(s: Settings) -> Any:
     if s.speculative_config:
         optional["speculative_config"] = json.loads(s.speculative_config)
     return AsyncEngineArgs(
-        model=generation_model_path(s),
+        model=model_path,
         dtype=s.dtype,
         enforce_eager=s.enforce_eager,
         max_model_len=s.max_model_len,
@@ -77,8 +76,9 @@ def engine_args(s: Settings) -> Any:
 
 
 class EngineHost:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: GenerationSettings, model_path: str) -> None:
         self._settings = settings
+        self._model_path = model_path
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-loop", daemon=True)
         self._engine: Any = None
@@ -95,14 +95,16 @@ class EngineHost:
         self._thread.start()
         # The engine's output handler attaches to the loop it is built on: build it there.
         self._engine = asyncio.run_coroutine_threadsafe(self._build(), self._loop).result(timeout_s)
-        log.info("vLLM engine ready: %s", generation_model_path(self._settings))
+        log.info("vLLM engine ready: %s", self._model_path)
 
     async def _build(self) -> Any:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from workers.generation.engine_stats import PrometheusStats
 
-        return AsyncLLM.from_engine_args(engine_args(self._settings), stat_loggers=[PrometheusStats])
+        return AsyncLLM.from_engine_args(
+            engine_args(self._settings, self._model_path), stat_loggers=[PrometheusStats]
+        )
 
     def stream(
         self,

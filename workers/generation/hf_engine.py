@@ -16,9 +16,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from broker.settings import Settings
+from broker import host
+from broker.settings import GenerationSettings
 from workers.generation.engine import Delta, EngineUnavailable, GenerationTimeout
-from workers.generation.model_prep import generation_model_path
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,9 @@ class _Request:
 
 
 class TransformersEngine:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: GenerationSettings, model_path: str) -> None:
         self._settings = settings
+        self._model_path = model_path
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="hf-engine", daemon=True)
         self.tokenizer: Any = None
@@ -49,8 +50,9 @@ class TransformersEngine:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        torch.set_num_threads(self._settings.torch_threads)
-        path = generation_model_path(self._settings)
+        # One thread per core the engine computes on, as vLLM's CPU backend binds them.
+        torch.set_num_threads(host.cores_in(self._settings.cpu_omp_threads_bind))
+        path = self._model_path
         self.tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token

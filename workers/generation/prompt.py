@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.contract import ChatTurn, Citation, Source
-from broker.settings import Settings
+from broker.settings import GenerationSettings
 
 SYSTEM_PROMPT = (
     "You are a precise assistant. Answer the question using only the numbered context passages, "
@@ -134,7 +134,7 @@ def citations(answer: str, numbered: Sequence[Source]) -> list[Citation]:
 
 
 def build_rag_prompt(
-    settings: Settings,
+    settings: GenerationSettings,
     tokenizer: Any,
     query: str,
     sources: Sequence[Source],

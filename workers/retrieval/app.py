@@ -34,10 +34,12 @@ from workers.retrieval.rerank import reranker
 
 log = logging.getLogger(__name__)
 settings = get_settings()
-keys = Keys(settings.key_prefix)
-app = create_celery(settings)
-metrics_server.install(settings)
-heartbeat.install(app, RETRIEVAL_QUEUE, settings)
+retrieval = settings.retrieval
+streams = settings.redis
+keys = Keys(streams.key_prefix)
+app = create_celery(settings.redis)
+metrics_server.install(settings.redis)
+heartbeat.install(app, RETRIEVAL_QUEUE, settings.redis, host_defaults=settings.host_defaults_line())
 
 _retriever: BatchRetriever | None = None
 
@@ -45,24 +47,24 @@ _retriever: BatchRetriever | None = None
 def retriever() -> BatchRetriever:
     global _retriever
     if _retriever is None:
-        client = sync_client(settings)
-        embedder = Embedder(settings)
+        client = sync_client(streams)
+        embedder = Embedder(retrieval)
         cache = EmbeddingCache.for_settings(
-            client, keys, settings, model_id=embedder.model_id, dim=embedder.dim
+            client, keys, retrieval, model_id=embedder.model_id, dim=embedder.dim
         )
         _retriever = BatchRetriever(
-            settings,
+            retrieval,
             embedder,
             cache,
-            IndexCache(client, keys, ef_search=settings.hnsw_ef_search),
-            reranker=reranker(settings),
+            IndexCache(client, keys, ef_search=retrieval.hnsw_ef_search),
+            reranker=reranker(retrieval),
         )
     return _retriever
 
 
 @worker_init.connect(weak=False)
 def _warm_up(**_: object) -> None:
-    client = sync_client(settings)
+    client = sync_client(streams)
     # Redis may have restarted without persistence: re-register what is on disk.
     for info in index_store.current_on_disk(settings.indexes_dir):
         if indexes.lookup(client, keys, info.name) is None:
@@ -73,14 +75,14 @@ def _warm_up(**_: object) -> None:
 
 
 def _job_writer(request_id: str, job_id: str) -> EventWriter:
-    client = sync_client(settings)
+    client = sync_client(streams)
     return EventWriter(
         client,
         keys,
         request_id,
-        ttl_s=settings.event_stream_ttl_s,
-        maxlen=settings.event_stream_maxlen,
-        job=jobs.tracker(client, settings, job_id),
+        ttl_s=streams.event_stream_ttl_s,
+        maxlen=streams.event_stream_maxlen,
+        job=jobs.tracker(client, keys, settings.jobs, job_id),
     )
 
 
@@ -94,7 +96,7 @@ def retrieve(self: Task, **kwargs: Any) -> None:
         # Acknowledged and dropped: a redelivery would fail the same way.
         log.error("rejected %s task %s: %s", RETRIEVE_TASK, self.request.id, exc)
         return
-    client = sync_client(settings)
+    client = sync_client(streams)
     # A redelivered batch (its worker died, or stopped before it ran it) skips the requests that
     # already finished; a first delivery has none (only the API sends batches), so it spends no
     # round trip asking. A job also moves to `retrieving` here, or is skipped if it was cancelled.
@@ -129,8 +131,8 @@ def retrieve(self: Task, **kwargs: Any) -> None:
         client,
         keys,
         plain,
-        ttl_s=settings.event_stream_ttl_s,
-        maxlen=settings.event_stream_maxlen,
+        ttl_s=streams.event_stream_ttl_s,
+        maxlen=streams.event_stream_maxlen,
         completes=(RETRIEVAL_QUEUE, len(pending), time.time() - picked_at),
     )
     for request_id, event in result_events:

@@ -26,7 +26,7 @@ from broker.contract import (
     Timings,
     filter_key,
 )
-from broker.settings import Settings
+from broker.settings import RetrievalSettings
 from workers.retrieval.chunking import Chunk
 from workers.retrieval.embedder import Embedder
 from workers.retrieval.embedding_cache import EmbeddingCache
@@ -58,7 +58,7 @@ class _Ranked:
 class BatchRetriever:
     def __init__(
         self,
-        settings: Settings,
+        settings: RetrievalSettings,
         embedder: Embedder,
         cache: EmbeddingCache,
         indexes: IndexCache,

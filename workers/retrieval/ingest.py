@@ -19,7 +19,7 @@ from broker import indexes
 from broker.indexes import IndexInfo
 from broker.keys import Keys
 from broker.redis_pool import sync_client
-from broker.settings import Settings
+from broker.settings import RetrievalSettings, Settings
 from workers.retrieval import index_store
 from workers.retrieval.chunking import Chunk, chunk_sections
 from workers.retrieval.embedder import Embedder
@@ -118,7 +118,7 @@ def embed_chunks(
     return vectors
 
 
-def build_index(settings: Settings, vectors: np.ndarray, index_type: str) -> faiss.Index:
+def build_index(settings: RetrievalSettings, vectors: np.ndarray, index_type: str) -> faiss.Index:
     if index_type == "hnsw":
         params = index_store.HnswParams(
             m=settings.hnsw_m,
@@ -158,24 +158,25 @@ def ingest(
     meta: Mapping[str, str] | None = None,
 ) -> IngestReport:
     started = time.perf_counter()
+    retrieval = settings.retrieval
     chunks, files = collect_chunks(
         paths,
-        chunk_words=settings.chunk_words,
-        overlap_words=settings.chunk_overlap_words,
-        min_words=settings.chunk_min_words,
+        chunk_words=retrieval.chunk_words,
+        overlap_words=retrieval.chunk_overlap_words,
+        min_words=retrieval.chunk_min_words,
         meta=meta,
     )
     if not chunks:
         raise ValueError("no readable text found in " + ", ".join(map(str, paths)))
-    embedder = embedder or Embedder(settings)
-    client = sync_client(settings)
-    keys = Keys(settings.key_prefix)
-    cache = EmbeddingCache.for_settings(client, keys, settings, model_id=embedder.model_id, dim=embedder.dim)
+    embedder = embedder or Embedder(retrieval)
+    client = sync_client(settings.redis)
+    keys = Keys(settings.redis.key_prefix)
+    cache = EmbeddingCache.for_settings(client, keys, retrieval, model_id=embedder.model_id, dim=embedder.dim)
     encode = _TimedEncoder(embedder)
     vectors = embed_chunks(
-        embedder, chunks, batch_size=settings.embed_batch_size, progress=progress, cache=cache, encode=encode
+        embedder, chunks, batch_size=retrieval.embed_batch_size, progress=progress, cache=cache, encode=encode
     )
-    index = build_index(settings, vectors, index_type)
+    index = build_index(retrieval, vectors, index_type)
     lexical = LexicalIndex.build([c.embed_text for c in chunks])
     info = index_store.save(
         settings.indexes_dir, index_name, index, chunks, index_type=index_type, lexical=lexical
@@ -185,7 +186,7 @@ def ingest(
     indexes.register(client, keys, info)
     index_bytes = Path(info.path, "index.faiss").stat().st_size
     estimates = index_store.bytes_per_vector_estimates(
-        embedder.dim, hnsw_m=settings.hnsw_m, pq_m=settings.ivf_pq_m
+        embedder.dim, hnsw_m=retrieval.hnsw_m, pq_m=retrieval.ivf_pq_m
     )
     return IngestReport(
         info=info,

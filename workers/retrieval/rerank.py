@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from broker.settings import Settings
+from broker.settings import RetrievalSettings
 
 
 class Reranker:
@@ -36,7 +36,7 @@ class Reranker:
         return [float(s) for s in scores]
 
 
-def reranker(settings: Settings) -> Reranker | None:
+def reranker(settings: RetrievalSettings) -> Reranker | None:
     """The configured reranker, or None when there is none."""
     if not settings.reranker_model:
         return None

@@ -9,6 +9,7 @@ import pytest
 
 from broker.settings import Settings
 from workers.generation.hf_engine import TransformersEngine, bucket_of
+from workers.generation.model_prep import generation_model_path
 
 
 def test_buckets() -> None:
@@ -17,7 +18,10 @@ def test_buckets() -> None:
 
 @pytest.fixture(scope="module")
 def engine(settings: Settings, prepared_model: Path) -> TransformersEngine:
-    e = TransformersEngine(settings.model_copy(update={"engine": "transformers", "max_num_seqs": 4}))
+    e = TransformersEngine(
+        settings.generation.model_copy(update={"engine": "transformers", "max_num_seqs": 4}),
+        generation_model_path(settings),
+    )
     e.start()
     yield e
     e.shutdown()

@@ -116,8 +116,8 @@ def test_filters_stay_exact_in_count(settings: Settings, embedder, hybrid_index:
 def test_a_version_without_a_lexical_index_gets_one_when_loaded(
     settings: Settings, hybrid_index: str
 ) -> None:
-    client = redis.Redis.from_url(settings.redis_url)
-    info = index_store.IndexCache(client, Keys(settings.key_prefix), ef_search=16).get(INDEX).info
+    client = redis.Redis.from_url(settings.redis.redis_url)
+    info = index_store.IndexCache(client, Keys(settings.redis.key_prefix), ef_search=16).get(INDEX).info
     loaded = index_store.load(info, ef_search=16)
     legacy = Path(info.path, "lexical")
     renamed = legacy.with_name(f"lexical-{uuid.uuid4().hex}")
@@ -139,12 +139,14 @@ def test_the_reranking_stage_reorders_the_first_candidates(
     from workers.retrieval.embedder import embedding_model_path
     from workers.retrieval.rerank import Reranker
 
-    reranker = Reranker(embedding_model_path(settings), threads=1)
-    s = settings.model_copy(update={"reranker_candidates": 4})
-    client = redis.Redis.from_url(s.redis_url)
-    keys = Keys(s.key_prefix)
+    reranker = Reranker(embedding_model_path(settings.retrieval), threads=1)
+    s = settings.replace(reranker_candidates=4)
+    client = redis.Redis.from_url(s.redis.redis_url)
+    keys = Keys(s.redis.key_prefix)
     cache = EmbeddingCache(client, keys, model_id=embedder.model_id, dim=embedder.dim, ttl_s=60)
-    retriever = BatchRetriever(s, embedder, cache, IndexCache(client, keys, ef_search=16), reranker=reranker)
+    retriever = BatchRetriever(
+        s.retrieval, embedder, cache, IndexCache(client, keys, ef_search=16), reranker=reranker
+    )
     q = "espresso machine cleaning"
     [plain] = _ask(batch_retriever(settings, embedder), {"query": q, "diversity": False, "top_k": 6})
     [reranked] = _ask(retriever, {"query": q, "diversity": False, "top_k": 6})
