@@ -14,7 +14,7 @@ from api.access import Access
 from api.admission import Admission
 from api.fast_path import FastPath
 from api.pipeline.connect import Connected
-from api.routers import documents, health, indexes, jobs, metrics, query, web
+from api.routers import chat, documents, health, indexes, jobs, metrics, query, web
 from broker.backpressure import BackpressureMonitor
 from broker.celery_app import create_celery
 from broker.keys import Keys
@@ -86,6 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(middleware.RequestId)
     app.add_middleware(middleware.Metrics)
     app.include_router(query.router)
+    app.include_router(chat.router)
     app.include_router(jobs.router)
     app.include_router(health.router)
     app.include_router(metrics.router)

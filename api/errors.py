@@ -1,4 +1,7 @@
-"""The one place errors become responses: ``{error, message, request_id}`` with a 4xx/5xx status.
+"""The one place errors become responses: ``{error, message, request_id}`` with a 4xx/5xx status,
+or, on the OpenAI-compatible paths (``/v1/chat/…``, ``/v1/models``), OpenAI's own shape
+``{"error": {message, type, param, code}}``, with 400 for every request that is not valid (OpenAI's
+clients expect it; the rest of the API says 422 for a body that is JSON but wrong).
 
 :func:`api_error` maps any exception to an :class:`ApiError`; everything that answers an error
 goes through it: the framework's exception handlers, the fast path, an SSE stream that has to end
@@ -28,15 +31,26 @@ log = logging.getLogger(__name__)
 REDIS_RETRY_AFTER_S = 1
 
 
+# Paths whose errors take OpenAI's shape (its clients read nothing else).
+OPENAI_PATHS = ("/v1/chat/", "/v1/models")
+
+
 class ApiError(Exception):
     def __init__(
-        self, status: int, error: str, message: str, *, headers: dict[str, str] | None = None
+        self,
+        status: int,
+        error: str,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.error = error
         self.message = message
         self.headers = headers or {}
+        self.param = param  # the request field at fault, when one is (OpenAI's `param`)
 
 
 def unavailable(message: str) -> ApiError:
@@ -55,7 +69,13 @@ def invalid(errors: list[dict[str, object]]) -> ApiError:
     """A body that did not validate: 400 when it is not JSON at all, else 422 naming each field."""
     if any(e.get("type") == "json_invalid" for e in errors):
         return ApiError(400, "malformed_json", "request body is not valid JSON")
-    return ApiError(422, "invalid_request", _describe(errors))
+    return ApiError(422, "invalid_request", _describe(errors), param=_field(errors))
+
+
+def _field(errors: list[dict[str, object]]) -> str | None:
+    """The top-level field of the first error (OpenAI's ``param``), if it names one."""
+    loc = [p for p in errors[0].get("loc", ()) if p != "body"] if errors else []  # type: ignore[union-attr]
+    return str(loc[0]) if loc else None
 
 
 def api_error(exc: BaseException) -> ApiError:
@@ -84,11 +104,44 @@ def error_body(error: ApiError, request_id: str | None) -> bytes:
     ).encode()
 
 
-def error_response(exc: BaseException, request_id: str | None) -> Response:
+def openai_shaped(path: str) -> bool:
+    return path.startswith(OPENAI_PATHS)
+
+
+def openai_status(status: int) -> int:
+    """OpenAI's status for ours: a request that is not valid is a 400 whatever was wrong with it."""
+    return 400 if status == 422 else status
+
+
+def _openai_type(status: int) -> str:
+    if status >= 500:
+        return "server_error"
+    return {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}.get(
+        status, "invalid_request_error"
+    )
+
+
+def openai_error(error: ApiError) -> dict[str, object]:
+    """The error as OpenAI's ``{"error": {...}}`` (a response body, or a stream's last event)."""
+    return {
+        "error": {
+            "message": error.message,
+            "type": _openai_type(openai_status(error.status)),
+            "param": error.param,
+            "code": error.error,
+        }
+    }
+
+
+def error_response(exc: BaseException, request_id: str | None, *, path: str = "") -> Response:
+    """The response for ``exc``, in OpenAI's shape on its paths (see :data:`OPENAI_PATHS`)."""
     error = api_error(exc)
     headers = dict(error.headers)
     if request_id:
         headers.setdefault("X-Request-Id", request_id)
+    if openai_shaped(path):
+        body = json.dumps(openai_error(error), separators=(",", ":")).encode()
+        return Response(body, openai_status(error.status), headers, media_type="application/json")
     return Response(error_body(error, request_id), error.status, headers, media_type="application/json")
 
 
@@ -98,7 +151,7 @@ def request_id_of(scope: Scope) -> str | None:
 
 def install(app: FastAPI) -> None:
     async def handle(request: Request, exc: Exception) -> Response:
-        return error_response(exc, request_id_of(request.scope))
+        return error_response(exc, request_id_of(request.scope), path=request.url.path)
 
     for kind in (ApiError, HTTPException, RequestValidationError, redis.RedisError):
         app.add_exception_handler(kind, handle)

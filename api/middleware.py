@@ -75,7 +75,7 @@ class RequestId(_Http):
         except Exception as exc:
             if started:
                 raise
-            await error_response(exc, request_id)(scope, receive, sending)
+            await error_response(exc, request_id, path=scope["path"])(scope, receive, sending)
 
 
 class Metrics(_Http):
@@ -173,7 +173,9 @@ class BodyLimit(_Http):
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         too_large = ApiError(413, "too_large", f"body over {self.limit_for(scope)} bytes")
-        await error_response(too_large, scope["state"]["request_id"])(scope, receive, send)
+        await error_response(too_large, scope["state"]["request_id"], path=scope["path"])(
+            scope, receive, send
+        )
 
 
 class Door(_Http):
@@ -185,7 +187,7 @@ class Door(_Http):
         if isinstance(verdict, Refusal):
             state["refused"] = True
             refused = ApiError(verdict.status, verdict.error, verdict.message, headers=verdict.headers)
-            await error_response(refused, state["request_id"])(scope, receive, send)
+            await error_response(refused, state["request_id"], path=scope["path"])(scope, receive, send)
             return
         if verdict.principal != "anonymous" or "principal" not in state:
             # With auth off, a principal set by an outer layer (a trusted gateway, a test) stays.

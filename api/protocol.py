@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
 
-from broker.contract import Done, MetadataFilter, Source, Timings, Usage
+from broker.contract import ChatTurn, Done, MetadataFilter, Source, Timings, Usage
 
 MAX_FILTER_KEYS = 16
 MAX_FILTER_VALUES = 256
@@ -65,6 +74,26 @@ class QueryRequest(BaseModel):
         default=True,
         description="Cap the chunks of one section and of one file in the sources "
         "(RAGLINE_MAX_CHUNKS_PER_SECTION / _PER_FILE); false turns it off.",
+    )
+    history: list[ChatTurn] = Field(
+        default_factory=list,
+        description="A conversation's earlier turns, oldest first (`{role: user|assistant, content}`), "
+        "put in the prompt before the question: the most recent RAGLINE_MAX_HISTORY_TURNS, the oldest "
+        "dropped first to fit RAGLINE_MAX_HISTORY_TOKENS and the model's length. Retrieval searches "
+        "for `query` only.",
+    )
+    max_tokens: StrictInt | None = Field(
+        default=None,
+        description="The answer's token limit; RAGLINE_MAX_NEW_TOKENS when omitted, and at most it.",
+    )
+    temperature: StrictInt | StrictFloat | None = Field(
+        default=None,
+        description="Sampling temperature, 0 (greedy) to RAGLINE_MAX_TEMPERATURE; RAGLINE_TEMPERATURE "
+        "when omitted.",
+    )
+    stop: list[StrictStr] | None = Field(
+        default=None,
+        description="Up to RAGLINE_MAX_STOP_SEQUENCES strings: the answer ends before the first of them.",
     )
 
     @field_validator("filter")

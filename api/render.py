@@ -1,6 +1,7 @@
 """How the query endpoints render the pipeline's outcome: one JSON answer, or server-sent events.
 
-The job endpoint renders a job record instead (:mod:`api.jobs`). A renderer decides nothing: the
+The job endpoint renders a job record instead (:mod:`api.jobs`), the OpenAI-compatible endpoint
+OpenAI's bodies (:mod:`api.render_openai`, built on these). A renderer decides nothing: the
 pipeline's steps have validated, looked up, admitted and enqueued the request; a renderer only
 turns the cached answer or the relayed events into its format.
 """
@@ -16,7 +17,7 @@ from api.pipeline import Pipeline, QueryContext, error_of
 from api.protocol import QueryResponse, StreamDone
 from api.sse import frame
 from broker.contract import Done, Error, Source, Sources, Token
-from broker.events import FINAL_EVENTS
+from broker.events import FINAL_EVENTS, Event
 
 
 async def json_answer(pipeline: Pipeline, ctx: QueryContext[Any]) -> bytes:
@@ -48,14 +49,22 @@ def sse_answer(
     return sse_events(pipeline, ctx, abort_on_disconnect=abort_on_disconnect)
 
 
-async def _replay(pipeline: Pipeline, ctx: QueryContext[Any]) -> AsyncIterator[bytes]:
-    """A cached answer as a stream: its sources, the whole answer as one token, done."""
+def cached_events(pipeline: Pipeline, ctx: QueryContext[Any]) -> list[Event]:
+    """A cached answer as the events of a stream: its sources, the whole answer as one token, done."""
     body = QueryResponse.model_validate_json(pipeline.cached_json(ctx))
-    yield frame(Sources.type, Sources(sources=body.sources).encode(), event_id="0-1")
+    events = [Event("0-1", Sources(sources=body.sources))]
     if body.answer:
-        yield frame(Token.type, Token(text=body.answer).encode(), event_id="0-2")
-    done = StreamDone.from_done(body, request_id=ctx.request_id, cached=True)
-    yield frame(Done.type, done.encode(), event_id="0-3")
+        events.append(Event("0-2", Token(text=body.answer)))
+    events.append(Event("0-3", Done.from_done(body, cached=True)))
+    return events
+
+
+async def _replay(pipeline: Pipeline, ctx: QueryContext[Any]) -> AsyncIterator[bytes]:
+    for event in cached_events(pipeline, ctx):
+        payload = event.payload
+        if isinstance(payload, Done):
+            payload = StreamDone.from_done(payload, request_id=ctx.request_id)
+        yield frame(event.type, payload.encode(), event_id=event.id)
 
 
 async def sse_events(

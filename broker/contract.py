@@ -90,6 +90,24 @@ class Timings(_Model):
     )
 
 
+class ChatTurn(_Model):
+    """An earlier turn of a conversation (the chat endpoint's), put in the prompt before the
+    question; a prompt over its budget drops the oldest turns first."""
+
+    role: Literal["user", "assistant"]
+    content: str
+
+
+class Sampling(_Model):
+    """How the engine samples one answer; ``None`` leaves the generation worker's setting. The
+    API fills in its defaults and bounds (so that they are part of the cache key)."""
+
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0)
+    # Generation stops before the first of these; the answer does not contain it.
+    stop: tuple[str, ...] = ()
+
+
 class Degradation(_Model):
     """Why an answer is retrieval-only; its fields are the answer's own (see :class:`Done`)."""
 
@@ -163,6 +181,9 @@ class RetrieveRequest(_Model):
     filter: MetadataFilter | None = None
     # False: no cap on chunks per section and per file.
     diversity: bool = True
+    # A conversation's earlier turns, oldest first; passed on to the generation task.
+    history: tuple[ChatTurn, ...] = ()
+    sampling: Sampling = Field(default_factory=Sampling)
 
 
 class RetrieveTask(_Task):
@@ -180,6 +201,8 @@ class GenerateTask(_Task):
     timings: Timings = Field(default_factory=Timings)
     enqueued_at: float
     job_id: str | None = None
+    history: tuple[ChatTurn, ...] = ()
+    sampling: Sampling = Field(default_factory=Sampling)
 
 
 class WebhookDelivery(_Task):
@@ -289,6 +312,8 @@ class Sources(_Event):
 
     sources: list[Source]
     index_version: str | None = None
+    # The index they were found in (a reader that resumes a stream learns it here).
+    index: str | None = None
 
 
 class Token(_Event):
@@ -339,6 +364,11 @@ class Done(_Event):
     )
     citations: list[Citation] = Field(
         default_factory=list, description="The sources the answer cites as [n], in order of first citation."
+    )
+    finish_reason: Literal["stop", "length"] | None = Field(
+        default=None,
+        description="Why generation ended: `stop` (end of the answer, or a stop sequence) or `length` "
+        "(its max_tokens); null when nothing was generated.",
     )
 
     def done_fields(self) -> dict[str, Any]:

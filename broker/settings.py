@@ -183,6 +183,9 @@ class GenerationSettings(_Group):
     # leaves). Prefill dominates a lone answer on a CPU and grows with the prompt; past the
     # budget the lowest-scored sources are dropped and the answer reports how many.
     max_source_tokens: int = 1024
+    # What a conversation's earlier turns (the chat endpoint's) may take of a prompt, in tokens
+    # (0: whatever the model length leaves); past it the oldest turns are dropped first.
+    max_history_tokens: int = 512
     # Sequences batched per engine step (and the generation worker's threads): more raises
     # throughput until memory or compute saturates, at some latency per request. 0: from the
     # host (broker/host.py); admission queues what the engine does not take at once.
@@ -230,6 +233,14 @@ class ApiSettings(_Group):
     request_timeout_s: float = 180.0
     # Readiness must answer fast even if Redis is slow.
     readyz_timeout_s: float = 0.08
+
+    # -- a request's conversation and sampling (POST /v1/chat/completions, docs/openai.md) --
+    # The API keeps a request's most recent this many earlier turns (0: none); the generation
+    # worker fits them into max_history_tokens.
+    max_history_turns: int = 16
+    # A request's own sampling, within these bounds (its max_tokens is capped at max_new_tokens).
+    max_temperature: float = 2.0
+    max_stop_sequences: int = 4
 
     # -- retrieval under load -------------------------------------------------------------
     # The API gathers concurrent queries for up to this window (or until the batch is full) and

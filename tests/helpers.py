@@ -25,7 +25,7 @@ import httpx
 import pytest
 import redis
 
-from broker import indexes, jobs
+from broker import apikeys, indexes, jobs
 from broker.keys import Keys
 from broker.settings import Settings
 
@@ -137,6 +137,33 @@ AUTH_API_DEPTH_LIMIT = 20
 class Api:
     base: str
     proc: Proc
+
+
+def api_key(settings: Settings, *, rate: float | None = 1000, burst: int | None = 1000) -> tuple[str, str]:
+    """A new API key on the settings' Redis: (the key, its id)."""
+    key, record = apikeys.create(
+        redis.Redis.from_url(settings.redis.redis_url),
+        Keys(settings.redis.key_prefix),
+        "test",
+        rate=rate,
+        burst=burst,
+    )
+    return key, record.id
+
+
+@contextlib.contextmanager
+def planted_load(settings: Settings, queue: str, n: int = AUTH_API_DEPTH_LIMIT) -> Iterator[None]:
+    """Make ``queue`` look ``n`` tasks deep to the monitor: entries in kombu's unacked hash, in its
+    own format, that no worker owns (nothing restores them: they are not in unacked_index)."""
+    client = redis.Redis.from_url(settings.redis.redis_url)
+    tags = [f"planted-{uuid.uuid4().hex}" for _ in range(n)]
+    client.hset("unacked", mapping={t: json.dumps([{}, queue, queue]) for t in tags})
+    try:
+        time.sleep(0.3)  # a few monitor refreshes
+        yield
+    finally:
+        client.hdel("unacked", *tags)
+        time.sleep(0.3)
 
 
 def wait_healthy(base: str, proc: Proc, timeout: float = 60) -> None:

@@ -102,9 +102,9 @@ class Connected:
         self.pipeline = Pipeline(
             api,
             settings.retrieval,
+            settings.generation,
             admission,
             keys=keys,
-            model_id=settings.generation.generation_model,
             cache=ResultCache(
                 redis,
                 keys,

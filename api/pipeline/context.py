@@ -8,7 +8,7 @@ from typing import Generic, Literal, TypeVar
 
 from api.admission import ADMIT, Decision
 from api.protocol import QueryRequest
-from broker.contract import Degradation, MetadataFilter, RetrievalMode
+from broker.contract import ChatTurn, Degradation, MetadataFilter, RetrievalMode, Sampling
 
 R = TypeVar("R", bound=QueryRequest)
 Mode = Literal["rag", "retrieval"]
@@ -32,6 +32,8 @@ class Query:
     retrieval: RetrievalMode
     filter: MetadataFilter | None
     diversity: bool
+    history: tuple[ChatTurn, ...]
+    sampling: Sampling
 
 
 # What the cache key's digest is made of besides the normalised text, in the fields' order.

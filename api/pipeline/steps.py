@@ -23,7 +23,7 @@ from broker.events import Event, EventTimeout
 from broker.keys import Keys
 from broker.normalize import query_digest
 from broker.result_cache import Lookup, Outcome
-from broker.settings import ApiSettings, RetrievalSettings
+from broker.settings import ApiSettings, GenerationSettings, RetrievalSettings
 
 # Every background write (a cache store, a released claim, a cancel flag) is bounded by this.
 _BACKGROUND_TIMEOUT_S = 5.0
@@ -71,10 +71,10 @@ class Pipeline:
         self,
         settings: ApiSettings,
         retrieval: RetrievalSettings,
+        generation: GenerationSettings,
         admission: Admission,
         *,
         keys: Keys,
-        model_id: str,
         cache: ResultCache,
         publish: Publish,
         read_events: ReadEvents,
@@ -85,8 +85,9 @@ class Pipeline:
     ) -> None:
         self._settings = settings
         self._retrieval = retrieval
-        # The generation model is part of every answer's cache key.
-        self._model_id = model_id
+        # Its defaults and bounds for a request's sampling; its model is part of every answer's cache key.
+        self._generation = generation
+        self._model_id = generation.generation_model
         self._admission = admission
         self._cache = cache
         self._read_events = read_events
@@ -128,7 +129,7 @@ class Pipeline:
         return QueryContext(
             request_id=request_id,
             request=request,
-            query=query_of(request, self._settings, self._retrieval),
+            query=query_of(request, self._settings, self._retrieval, self._generation),
             deadline_s=deadline_s(deadline_ms, self._settings),
             single_flight=single_flight,
         )

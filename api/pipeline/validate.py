@@ -9,7 +9,11 @@ from api.errors import ApiError, invalid
 from api.pipeline.context import Query, R
 from api.protocol import QueryRequest
 from broker import indexes
-from broker.settings import ApiSettings, RetrievalSettings
+from broker.contract import Sampling
+from broker.settings import ApiSettings, GenerationSettings, RetrievalSettings
+
+# A stop sequence longer than this cannot be meant: the answer itself is a few hundred tokens.
+MAX_STOP_CHARS = 256
 
 
 def json_content(content_type: str | None) -> bool:
@@ -30,30 +34,32 @@ def parse_body(body: bytes, model: type[R], content_type: str | None) -> R:
         raise invalid(list(exc.errors())) from None  # type: ignore[arg-type]
 
 
-def _invalid(message: str) -> ApiError:
-    return ApiError(422, "invalid_request", message)
+def _invalid(message: str, param: str | None = None) -> ApiError:
+    return ApiError(422, "invalid_request", message, param=param)
 
 
 def _bounded(name: str, value: int | None, upper: int) -> int | None:
     if value is not None and not 1 <= value <= upper:
-        raise _invalid(f"{name} must be between 1 and {upper}, got {value}")
+        raise _invalid(f"{name} must be between 1 and {upper}, got {value}", name)
     return value
 
 
-def query_of(req: QueryRequest, s: ApiSettings, retrieval: RetrievalSettings) -> Query:
+def query_of(
+    req: QueryRequest, s: ApiSettings, retrieval: RetrievalSettings, generation: GenerationSettings
+) -> Query:
     """The request's query with the server's defaults filled in, within the server's bounds."""
     text = req.query.strip()
     if not text:
-        raise _invalid("query must not be empty")
+        raise _invalid("query must not be empty", "query")
     size = len(text.encode())
     if size > s.max_query_bytes:
-        raise _invalid(f"query is {size} bytes; the limit is {s.max_query_bytes}")
+        raise _invalid(f"query is {size} bytes; the limit is {s.max_query_bytes}", "query")
     top_k = s.default_top_k if req.top_k is None else req.top_k
     if not 1 <= top_k <= s.max_top_k:
-        raise _invalid(f"top_k must be between 1 and {s.max_top_k}, got {top_k}")
+        raise _invalid(f"top_k must be between 1 and {s.max_top_k}, got {top_k}", "top_k")
     index = req.index or retrieval.default_index
     if not indexes.valid_index_name(index):
-        raise _invalid(f"index must be {indexes.INDEX_NAME_RULE}")
+        raise _invalid(f"index must be {indexes.INDEX_NAME_RULE}", "index")
     return Query(
         query=text,
         top_k=top_k,
@@ -66,7 +72,28 @@ def query_of(req: QueryRequest, s: ApiSettings, retrieval: RetrievalSettings) ->
         retrieval=req.retrieval or retrieval.retrieval_mode,
         filter=req.filter,
         diversity=req.diversity,
+        history=tuple(req.history[-s.max_history_turns :]) if s.max_history_turns > 0 else (),
+        sampling=sampling_of(req, s, generation),
     )
+
+
+def sampling_of(req: QueryRequest, s: ApiSettings, generation: GenerationSettings) -> Sampling:
+    """The request's sampling with the server's defaults named (they are in the cache key) and
+    its max_tokens capped at the server's."""
+    if req.max_tokens is not None and req.max_tokens < 1:
+        raise _invalid(f"max_tokens must be at least 1, got {req.max_tokens}", "max_tokens")
+    max_tokens = min(req.max_tokens or generation.max_new_tokens, generation.max_new_tokens)
+    temperature = generation.temperature if req.temperature is None else float(req.temperature)
+    if not 0.0 <= temperature <= s.max_temperature:
+        raise _invalid(
+            f"temperature must be between 0 and {s.max_temperature}, got {temperature}", "temperature"
+        )
+    stop = tuple(dict.fromkeys(req.stop or ()))
+    if len(stop) > s.max_stop_sequences:
+        raise _invalid(f"stop has {len(stop)} sequences; the limit is {s.max_stop_sequences}", "stop")
+    if any(not 1 <= len(seq) <= MAX_STOP_CHARS for seq in stop):
+        raise _invalid(f"each stop sequence must be 1 to {MAX_STOP_CHARS} characters", "stop")
+    return Sampling(max_tokens=max_tokens, temperature=temperature, stop=stop)
 
 
 def deadline_s(header: str | None, s: ApiSettings) -> float:

@@ -3,51 +3,19 @@ answers under (planted) load, none of which touches a queue, and X-Request-Id ev
 
 from __future__ import annotations
 
-import contextlib
-import json
 import re
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 
 import httpx
 import pytest
-import redis
 
-from broker import apikeys
-from broker.keys import Keys
 from broker.settings import Settings
-from tests.helpers import AUTH_API_DEPTH_LIMIT, Api, env_for, parse_sse, pushed_queues
+from tests.helpers import Api, api_key, env_for, parse_sse, planted_load, pushed_queues
 
 pytestmark = pytest.mark.integration
-
-
-def _key(settings: Settings, *, rate: float | None = 1000, burst: int | None = 1000) -> tuple[str, str]:
-    key, record = apikeys.create(
-        redis.Redis.from_url(settings.redis.redis_url),
-        Keys(settings.redis.key_prefix),
-        "test",
-        rate=rate,
-        burst=burst,
-    )
-    return key, record.id
-
-
-@contextlib.contextmanager
-def planted_load(settings: Settings, queue: str, n: int = AUTH_API_DEPTH_LIMIT) -> Iterator[None]:
-    """Make ``queue`` look ``n`` tasks deep to the monitor: entries in kombu's unacked hash, in its
-    own format, that no worker owns (nothing restores them: they are not in unacked_index)."""
-    client = redis.Redis.from_url(settings.redis.redis_url)
-    tags = [f"planted-{uuid.uuid4().hex}" for _ in range(n)]
-    client.hset("unacked", mapping={t: json.dumps([{}, queue, queue]) for t in tags})
-    try:
-        time.sleep(0.3)  # a few monitor refreshes
-        yield
-    finally:
-        client.hdel("unacked", *tags)
-        time.sleep(0.3)
 
 
 def test_keys_are_required_except_on_probes_metrics_and_docs(
@@ -60,7 +28,7 @@ def test_keys_are_required_except_on_probes_metrics_and_docs(
         assert reply.headers["X-Request-Id"]
     assert httpx.get(base + "/readyz", timeout=10).status_code in (200, 503)  # no 401
 
-    key, key_id = _key(settings)
+    key, key_id = api_key(settings)
     body = {"query": "x", "index": "no-such-index"}
     with pushed_queues(settings.redis.redis_url) as pushed:
         missing = httpx.post(base + "/v1/query", json=body, timeout=10)
@@ -90,7 +58,7 @@ def test_keys_are_required_except_on_probes_metrics_and_docs(
 
 
 def test_token_bucket_holds_across_two_api_processes(auth_apis: list[Api], settings: Settings) -> None:
-    key, _ = _key(settings, rate=0.05, burst=5)  # 5 now, then one per 20 s
+    key, _ = api_key(settings, rate=0.05, burst=5)  # 5 now, then one per 20 s
     body = {"query": "x", "index": "no-such-index"}
     with pushed_queues(settings.redis.redis_url) as pushed:
         replies = [
@@ -115,7 +83,7 @@ def test_overload_refuses_with_retry_after_and_touches_no_queue(
     auth_apis: list[Api], workers, settings: Settings
 ) -> None:
     base = auth_apis[0].base
-    headers = {"X-API-Key": _key(settings)[0]}
+    headers = {"X-API-Key": api_key(settings)[0]}
     with planted_load(settings, "retrieval"), pushed_queues(settings.redis.redis_url) as pushed:
         replies = [
             httpx.post(
@@ -149,7 +117,7 @@ def test_busy_generation_degrades_to_retrieval_only(
     auth_apis: list[Api], workers, settings: Settings
 ) -> None:
     base = auth_apis[1].base
-    headers = {"X-API-Key": _key(settings)[0]}
+    headers = {"X-API-Key": api_key(settings)[0]}
     query = "When does Café Lumière open? (degraded)"
     with planted_load(settings, "generation"), pushed_queues(settings.redis.redis_url) as pushed:
         degraded = httpx.post(
@@ -189,8 +157,8 @@ def test_busy_generation_degrades_to_retrieval_only(
 @pytest.mark.vllm
 def test_every_response_carries_a_request_id(auth_apis: list[Api], workers, settings: Settings) -> None:
     base = auth_apis[0].base
-    headers = {"X-API-Key": _key(settings, rate=1000, burst=1000)[0]}
-    limited = {"X-API-Key": _key(settings, rate=0.01, burst=1)[0]}
+    headers = {"X-API-Key": api_key(settings, rate=1000, burst=1000)[0]}
+    limited = {"X-API-Key": api_key(settings, rate=0.01, burst=1)[0]}
     replies = [
         httpx.get(base + "/healthz"),
         httpx.get(base + "/metrics"),

@@ -178,9 +178,9 @@ def parts(decision: Decision = ADMIT) -> Parts:
     pipeline = Pipeline(
         SETTINGS.api,
         SETTINGS.retrieval,
+        SETTINGS.generation,
         admission,  # type: ignore[arg-type]
         keys=Keys(SETTINGS.redis.key_prefix),
-        model_id=SETTINGS.generation.generation_model,
         cache=cache,
         publish=queue,
         read_events=streams,

@@ -13,6 +13,7 @@ from api.protocol import QueryResponse, StreamDone
 from broker import jobs
 from broker.contract import (
     Cancelled,
+    ChatTurn,
     Citation,
     ContractError,
     Degradation,
@@ -22,6 +23,7 @@ from broker.contract import (
     Restart,
     RetrieveRequest,
     RetrieveTask,
+    Sampling,
     Source,
     Sources,
     StreamEvent,
@@ -54,6 +56,7 @@ DONE = Done(
     notice="sources only",
     cached=True,
     citations=[Citation(marker=1, chunk_id="cafe.md#0", source="/docs/cafe.md", title="Café Lumière")],
+    finish_reason="length",
 )
 
 
@@ -87,6 +90,11 @@ def test_done_sample_sets_every_field() -> None:
                     enqueued_at=time.time(),
                     job_id="r1",
                     degraded=Degradation(degraded_reason="generation_busy", notice="busy"),
+                    history=(
+                        ChatTurn(role="user", content="Hi"),
+                        ChatTurn(role="assistant", content="Hello"),
+                    ),
+                    sampling=Sampling(max_tokens=32, temperature=0.7, stop=("\n\n", "END")),
                 ),
                 RetrieveRequest(
                     request_id="r2", query="q", top_k=5, mode="rag", index="test", enqueued_at=1.0
@@ -100,6 +108,8 @@ def test_done_sample_sets_every_field() -> None:
             timings=Timings(queue_ms=2.0, retrieval_ms=10.0),
             enqueued_at=time.time(),
             job_id=None,
+            history=(ChatTurn(role="user", content="Hi"),),
+            sampling=Sampling(max_tokens=16, temperature=0.0, stop=("END",)),
         ),
         WebhookDelivery(job_id="j1", attempt=3),
     ],

@@ -113,17 +113,24 @@ def generate(self: Task, **kwargs: Any) -> None:
     if _engine is None:
         raise Reject("engine not started", requeue=True)
     queue_ms = task.timings.queue_ms + max(0.0, (picked_at - task.enqueued_at) * 1000)
-    prompt = build_rag_prompt(generation, _tokenizer, task.query, task.sources)
+    sampling = task.sampling
+    max_tokens = sampling.max_tokens or generation.max_new_tokens
+    prompt = build_rag_prompt(
+        generation, _tokenizer, task.query, task.sources, history=task.history, max_tokens=max_tokens
+    )
     started = time.perf_counter()
     pieces: list[str] = []
     first_token_ms: float | None = None
     completion_tokens = 0
+    finish_reason: str | None = None
     try:
         stream = _engine.stream(
             request_id,
             prompt.text,
-            max_tokens=generation.max_new_tokens,
+            max_tokens=max_tokens,
             timeout_s=generation.generation_timeout_s,
+            temperature=sampling.temperature,
+            stop=sampling.stop,
         )
         for delta in stream:
             if writer.cancelled:
@@ -131,6 +138,7 @@ def generate(self: Task, **kwargs: Any) -> None:
                 writer.emit(Cancelled())
                 return
             completion_tokens = delta.completion_tokens
+            finish_reason = delta.finish_reason or finish_reason
             if delta.text:
                 if first_token_ms is None:
                     first_token_ms = (time.perf_counter() - started) * 1000
@@ -174,6 +182,7 @@ def generate(self: Task, **kwargs: Any) -> None:
         sources_dropped=prompt.sources_dropped,
         timings=timings,
         citations=citations(answer, prompt.numbered),
+        finish_reason="length" if finish_reason == "length" else "stop",
     )
     writer.emit(
         done,

@@ -106,8 +106,18 @@ class EngineHost:
             engine_args(self._settings, self._model_path), stat_loggers=[PrometheusStats]
         )
 
-    def stream(self, request_id: str, prompt: str, *, max_tokens: int, timeout_s: float) -> Iterator[Delta]:
-        """Generate from a worker thread, yielding text deltas as the engine produces them."""
+    def stream(
+        self,
+        request_id: str,
+        prompt: str,
+        *,
+        max_tokens: int,
+        timeout_s: float,
+        temperature: float | None = None,
+        stop: tuple[str, ...] = (),
+    ) -> Iterator[Delta]:
+        """Generate from a worker thread, yielding text deltas as the engine produces them;
+        ``temperature`` None is the setting's, and the answer ends before any of ``stop``."""
         if self._engine is None or self._stopping:
             raise EngineUnavailable("engine is not running")
         from vllm import SamplingParams
@@ -116,8 +126,9 @@ class EngineHost:
         params = SamplingParams(
             max_tokens=max_tokens,
             min_tokens=min(self._settings.min_new_tokens, max_tokens),
-            temperature=self._settings.temperature,
+            temperature=self._settings.temperature if temperature is None else temperature,
             frequency_penalty=self._settings.frequency_penalty,
+            stop=list(stop) or None,
             output_kind=RequestOutputKind.DELTA,
         )
         out_q: queue.Queue[Any] = queue.Queue()

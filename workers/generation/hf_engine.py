@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from broker import host
@@ -115,16 +115,32 @@ class TransformersEngine:
                         r.result.set_exception(exc)
                     continue
                 for r, (text, n) in zip(group, outputs, strict=True):
-                    r.result.set_result(Delta(text, n, len(r.prompt_ids), True, "stop"))
+                    ended = "length" if n >= r.max_tokens else "stop"
+                    r.result.set_result(Delta(text, n, len(r.prompt_ids), True, ended))
 
-    def stream(self, request_id: str, prompt: str, *, max_tokens: int, timeout_s: float) -> Iterator[Delta]:
+    def stream(
+        self,
+        request_id: str,
+        prompt: str,
+        *,
+        max_tokens: int,
+        timeout_s: float,
+        temperature: float | None = None,
+        stop: tuple[str, ...] = (),
+    ) -> Iterator[Delta]:
+        """The whole answer as one delta. It decodes greedily whatever the ``temperature`` (a
+        batch shares one ``generate`` call); the answer is cut before the first of ``stop``."""
         if self._model is None:
             raise EngineUnavailable("engine is not running")
         ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         request = _Request(ids, max_tokens)
         self._queue.put(request)
         try:
-            yield request.result.result(timeout=timeout_s)
+            delta = request.result.result(timeout=timeout_s)
+            cuts = [i for i in (delta.text.find(s) for s in stop) if i >= 0]
+            if cuts:
+                delta = replace(delta, text=delta.text[: min(cuts)], finish_reason="stop")
+            yield delta
         except TimeoutError:
             raise GenerationTimeout(f"generation exceeded {timeout_s:.0f}s") from None
         finally:

@@ -6,6 +6,11 @@ set of sources, which is why they are rendered in a stable order before the ques
 time grows with the prompt, so the sources get a token budget of their own
 (``max_source_tokens``): past it the lowest-scored are dropped, and the answer reports how many.
 
+A conversation's earlier turns (the chat endpoint's) go between the system prefix and the
+sources, as the chat template's own turns, with a token budget of their own
+(``max_history_tokens``); a prompt over a budget drops the oldest turns first, and only then
+sources: the sources ground the answer, an old turn rarely does.
+
 The sources are numbered from 1 in the order they are rendered, the model is asked to cite them
 as ``[n]``, and :func:`citations` maps the markers of an answer back to its sources.
 """
@@ -17,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from broker.contract import Citation, Source
+from broker.contract import ChatTurn, Citation, Source
 from broker.settings import GenerationSettings
 
 SYSTEM_PROMPT = (
@@ -37,6 +42,8 @@ class BuiltPrompt:
     sources_dropped: int
     # The sources as numbered in the prompt: [1] is numbered[0].
     numbered: tuple[Source, ...] = ()
+    turns_used: int = 0
+    turns_dropped: int = 0
 
 
 def _ordered(sources: Sequence[Source]) -> list[Source]:
@@ -45,11 +52,12 @@ def _ordered(sources: Sequence[Source]) -> list[Source]:
     return sorted(sources, key=lambda s: (-s.score, s.chunk_id))
 
 
-def _render(tokenizer: Any, query: str, sources: Sequence[Source]) -> str:
+def _render(tokenizer: Any, query: str, sources: Sequence[Source], history: Sequence[ChatTurn] = ()) -> str:
     ordered = _ordered(sources)
     context = "\n\n".join(f"[{n}] {s.title}\n{s.text}" for n, s in enumerate(ordered, start=1))
     messages = [
         {"role": "system", "content": SYSTEM_PROMPT},
+        *({"role": turn.role, "content": turn.content} for turn in history),
         {"role": "user", "content": f"Context:\n{context}\n\nQuestion: {query}"},
     ]
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -66,29 +74,45 @@ def build_prompt(
     *,
     max_prompt_tokens: int,
     max_source_tokens: int = 0,
+    history: Sequence[ChatTurn] = (),
+    max_history_tokens: int = 0,
 ) -> BuiltPrompt:
-    """Render the prompt, dropping the lowest-scored sources until it fits ``max_prompt_tokens``
-    and the sources take at most ``max_source_tokens`` of it (0: no budget of their own).
+    """Render the prompt within its budgets: the sources take at most ``max_source_tokens`` of
+    it and the earlier turns at most ``max_history_tokens`` (0: no budget of their own), and the
+    whole fits ``max_prompt_tokens``. Past a budget the lowest-scored sources go, and the oldest
+    turns; past the whole, the oldest turns go first, then the lowest-scored sources.
 
     The API bounds the question (RAGLINE_MAX_QUERY_BYTES) far below the model's length, so the
     question alone always fits and a request never fails for length.
     """
-    limit = max_prompt_tokens
-    if max_source_tokens > 0:
-        limit = min(limit, _count(tokenizer, _render(tokenizer, query, [])) + max_source_tokens)
+
+    def count(kept: Sequence[Source], turns: Sequence[ChatTurn]) -> int:
+        return _count(tokenizer, _render(tokenizer, query, kept, turns))
+
+    bare = count([], []) if max_source_tokens > 0 or max_history_tokens > 0 else 0
     kept = sorted(sources, key=lambda s: -s.score)
-    while True:
-        text = _render(tokenizer, query, kept)
-        n_tokens = _count(tokenizer, text)
-        if n_tokens <= limit or not kept:
-            break
+    while max_source_tokens > 0 and kept and count(kept, []) > bare + max_source_tokens:
         kept = kept[:-1]
+    turns = list(history)
+    while max_history_tokens > 0 and turns and count([], turns) > bare + max_history_tokens:
+        turns = turns[1:]
+    while True:
+        text = _render(tokenizer, query, kept, turns)
+        n_tokens = _count(tokenizer, text)
+        if n_tokens <= max_prompt_tokens or not (kept or turns):
+            break
+        if turns:
+            turns = turns[1:]
+        else:
+            kept = kept[:-1]
     return BuiltPrompt(
         text=text,
         prompt_tokens=n_tokens,
         sources_used=len(kept),
         sources_dropped=len(sources) - len(kept),
         numbered=tuple(_ordered(kept)),
+        turns_used=len(turns),
+        turns_dropped=len(history) - len(turns),
     )
 
 
@@ -110,13 +134,23 @@ def citations(answer: str, numbered: Sequence[Source]) -> list[Citation]:
 
 
 def build_rag_prompt(
-    settings: GenerationSettings, tokenizer: Any, query: str, sources: Sequence[Source]
+    settings: GenerationSettings,
+    tokenizer: Any,
+    query: str,
+    sources: Sequence[Source],
+    *,
+    history: Sequence[ChatTurn] = (),
+    max_tokens: int | None = None,
 ) -> BuiltPrompt:
-    """The prompt the generation worker sends for a request, within the settings' budgets."""
+    """The prompt the generation worker sends for a request, within the settings' budgets and
+    leaving room for the answer's ``max_tokens`` (the setting's when None)."""
+    answer_tokens = max_tokens or settings.max_new_tokens
     return build_prompt(
         tokenizer,
         query,
         sources,
-        max_prompt_tokens=settings.max_model_len - settings.max_new_tokens,
+        max_prompt_tokens=settings.max_model_len - answer_tokens,
         max_source_tokens=settings.max_source_tokens,
+        history=history,
+        max_history_tokens=settings.max_history_tokens,
     )

@@ -141,7 +141,12 @@ class BatchRetriever:
             timings = Timings(
                 queue_ms=max(0.0, (picked_at - r.enqueued_at) * 1000), retrieval_ms=retrieval_ms
             )
-            events.append((r.request_id, Sources(sources=sources, index_version=loaded.info.version)))
+            events.append(
+                (
+                    r.request_id,
+                    Sources(sources=sources, index_version=loaded.info.version, index=loaded.info.name),
+                )
+            )
             if r.mode == "retrieval":
                 # A request the API degraded to retrieval-only says so in its `done` event.
                 degraded = dict(r.degraded) if r.degraded is not None else {}
@@ -161,6 +166,8 @@ class BatchRetriever:
                     timings=timings,
                     enqueued_at=time.time(),  # set again when it is sent
                     job_id=r.job_id,
+                    history=r.history,
+                    sampling=r.sampling,
                 )
                 to_generate.append(task)
         return Retrieved(events, to_generate, write_cache)

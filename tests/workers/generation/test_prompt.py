@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.contract import Source
+from broker.contract import ChatTurn, Source
 from workers.generation.prompt import SYSTEM_PROMPT, build_prompt, citations
 
 
@@ -71,3 +71,43 @@ def test_sources_are_numbered_best_first_and_citations_map_back(tokenizer) -> No
         (1, "c00", "t0"),
     ]
     assert citations("No marker here.", built.numbered) == []
+
+
+def _turns(n: int, words: int = 40) -> list[ChatTurn]:
+    return [
+        ChatTurn(role="user" if i % 2 == 0 else "assistant", content=" ".join([f"h{i}"] * words))
+        for i in range(n)
+    ]
+
+
+def test_earlier_turns_come_between_the_system_prefix_and_the_sources(tokenizer) -> None:
+    built = build_prompt(tokenizer, "q?", _sources(2), max_prompt_tokens=10_000, history=_turns(2))
+    assert built.text.index(SYSTEM_PROMPT) < built.text.index("h0") < built.text.index("h1")
+    assert built.text.index("h1") < built.text.index("[1] t0") < built.text.index("Question: q?")
+    assert (built.turns_used, built.turns_dropped) == (2, 0)
+
+
+def test_the_oldest_turns_go_first_then_the_sources(tokenizer) -> None:
+    sources, turns = _sources(3), _turns(4)
+    full = build_prompt(tokenizer, "q?", sources, max_prompt_tokens=10_000, history=turns)
+    without_two = build_prompt(tokenizer, "q?", sources, max_prompt_tokens=10_000, history=turns[2:])
+    trimmed = build_prompt(
+        tokenizer, "q?", sources, max_prompt_tokens=without_two.prompt_tokens, history=turns
+    )
+    assert trimmed.turns_dropped == 2 and trimmed.sources_dropped == 0
+    assert "h0" not in trimmed.text and "h1" not in trimmed.text and "h3" in trimmed.text
+    assert full.prompt_tokens > trimmed.prompt_tokens
+    bare = build_prompt(tokenizer, "q?", sources, max_prompt_tokens=10_000)
+    tight = build_prompt(tokenizer, "q?", sources, max_prompt_tokens=bare.prompt_tokens - 20, history=turns)
+    assert tight.turns_used == 0 and tight.sources_dropped >= 1
+
+
+def test_the_turns_budget_keeps_the_most_recent(tokenizer) -> None:
+    turns = _turns(4)
+    bare = build_prompt(tokenizer, "q?", [], max_prompt_tokens=10_000)
+    one = build_prompt(tokenizer, "q?", [], max_prompt_tokens=10_000, history=turns[3:])
+    budget = one.prompt_tokens - bare.prompt_tokens + 5
+    kept = build_prompt(
+        tokenizer, "q?", [], max_prompt_tokens=10_000, history=turns, max_history_tokens=budget
+    )
+    assert kept.turns_used == 1 and "h3" in kept.text and "h2" not in kept.text
