@@ -341,9 +341,9 @@ def view(record: dict[str, str], *, delivery: bool = True) -> dict[str, Any]:
         "webhook_url": record.get("webhook_url"),
         "result": result,
         "error": _error(record),
+        # Every job's view has the same fields (the API's JobView and the webhook body alike).
+        "progress": _json(record, "progress") if ingest else None,
     }
-    if ingest:
-        body["progress"] = _json(record, "progress")
     if delivery:
         body["webhook"] = delivery_view(record)
     return body
