@@ -205,7 +205,9 @@ def test_a_signalled_program_stops_its_children(signum: int) -> None:
         proc.wait(15)
         _gone, alive = psutil.wait_procs(family, timeout=5)
         assert not alive, (body, [p.cmdline() for p in alive])
-        assert time.monotonic() - started < 5, body  # the 1 s grace and the kills
+        # The promise is 15 s (a 1 s grace, then the kills); a loaded CI box can take seconds to
+        # schedule the kills, so the bound is the promise, not the grace.
+        assert time.monotonic() - started < 15, body
 
 
 def test_a_program_under_timeout_stops_its_children() -> None:
