@@ -63,7 +63,9 @@ def test_stream_sends_sources_then_tokens_then_done(api, workers) -> None:
     kinds = [e[1] for e in events]
     assert kinds[0] == "sources"
     assert kinds[-1] == "done"
-    assert kinds.count("token") >= 2
+    # The writer batches the tokens each round brings: a loaded box can bring a short answer in
+    # one round (the resume tests read streams part-way through).
+    assert kinds.count("token") >= 1
     assert all(e[0] for e in events), "every event carries an SSE id"
     done = events[-1][2]
     streamed = "".join(e[2]["text"] for e in events if e[1] == "token")
