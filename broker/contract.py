@@ -224,10 +224,12 @@ class StagedDocument(_Model):
     metadata: dict[str, str] = Field(default_factory=dict)
 
 
-class UploadManifest(_Model):
-    """``manifest.json`` of an upload's folder: what the API staged, read by the ingest worker."""
+class _Json(_Model):
+    """A model kept as one JSON string (a stream entry, a file, a record's field)."""
 
-    documents: list[StagedDocument]
+    @classmethod
+    def _what(cls) -> str:
+        return cls.__name__
 
     def encode(self) -> str:
         return self.model_dump_json()
@@ -237,7 +239,17 @@ class UploadManifest(_Model):
         try:
             return cls.model_validate_json(data)
         except ValidationError as exc:
-            raise ContractError(f"malformed upload manifest: {_explain(exc)}") from None
+            raise ContractError(f"malformed {cls._what()}: {_explain(exc)}") from None
+
+
+class UploadManifest(_Json):
+    """``manifest.json`` of an upload's folder: what the API staged, read by the ingest worker."""
+
+    documents: list[StagedDocument]
+
+    @classmethod
+    def _what(cls) -> str:
+        return "upload manifest"
 
 
 IngestOperation = Literal["add", "delete_documents", "delete_index"]
@@ -266,7 +278,7 @@ class IngestProgress(_Model):
     chunks_total: int = Field(default=0, description="Chunks to embed: the new ones (all, for IVF-PQ).")
 
 
-class IngestResult(_Model):
+class IngestResult(_Json):
     """A finished ingest job's result: the version it registered (None after a delete of the index)."""
 
     index: str
@@ -278,33 +290,22 @@ class IngestResult(_Model):
     embedded: int = Field(default=0, description="Chunks embedded for this version (new ones).")
     reused: int = Field(default=0, description="Chunks whose vectors came from the previous version.")
 
-    def encode(self) -> str:
-        return self.model_dump_json()
-
     @classmethod
-    def decode(cls, data: str | bytes) -> Self:
-        try:
-            return cls.model_validate_json(data)
-        except ValidationError as exc:
-            raise ContractError(f"malformed ingest result: {_explain(exc)}") from None
+    def _what(cls) -> str:
+        return "ingest result"
 
 
 # -- stream events ------------------------------------------------------------------------------
 
 
-class _Event(_Model):
+class _Event(_Json):
+    """Its JSON is the stream entry's ``data`` and the SSE event's ``data:``."""
+
     type: ClassVar[str]
 
-    def encode(self) -> str:
-        """The event's JSON: the stream entry's ``data`` and the SSE event's ``data:``."""
-        return self.model_dump_json()
-
     @classmethod
-    def decode(cls, data: str | bytes) -> Self:
-        try:
-            return cls.model_validate_json(data)
-        except ValidationError as exc:
-            raise ContractError(f"malformed {cls.type} event: {_explain(exc)}") from None
+    def _what(cls) -> str:
+        return f"{cls.type} event"
 
 
 class Sources(_Event):
