@@ -134,6 +134,18 @@ def _flower(args: argparse.Namespace, settings: Settings) -> int:
     return _exec(processes.flower_command(settings.flower), processes.child_env(settings, kind="flower"))
 
 
+def _cores(args: argparse.Namespace, settings: Settings) -> int:
+    """The split of this host's cores that ``ragline up`` uses, as the variables docker-compose.yml
+    gives each container's ``cpuset`` (``ragline cores >> .env``): empty where nothing is split."""
+    from broker import host
+
+    split = host.core_split(host.detect()) if settings.generation.split_cores else None
+    print(f"# {split.reason if split else 'no split here: every container may use every core'}")
+    print(f"RAGLINE_ENGINE_CPUS={host.core_list(split.engine) if split else ''}")
+    print(f"RAGLINE_SERVING_CPUS={host.core_list(split.others) if split else ''}")
+    return 0
+
+
 def _webhooks_dead(args: argparse.Namespace, settings: Settings) -> int:
     import json
 
@@ -370,6 +382,10 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("id")
     keys_cmd.set_defaults(func=_keys)
     sub.add_parser("flower", help="run Flower (basic auth from settings)").set_defaults(func=_flower)
+
+    sub.add_parser(
+        "cores", help="this host's split of cores (engine / the rest) as docker-compose.yml reads it"
+    ).set_defaults(func=_cores)
 
     up = sub.add_parser("up", help="run the API, the workers and Flower in the foreground")
     up.add_argument("--no-flower", action="store_true")

@@ -249,6 +249,33 @@ def test_generation_worker_sizes_itself(compose: dict) -> None:
         assert name not in env, name
 
 
+def test_cores_from_ragline_cores_reach_each_container() -> None:
+    """What `ragline cores` prints for this host, put in the environment (as in .env), becomes the
+    engine's cpuset and everything else's; unset, no container is confined."""
+    printed = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "python"), "-m", "ragline", "cores"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    split = dict(line.split("=", 1) for line in printed.splitlines() if not line.startswith("#"))
+    assert set(split) == {"RAGLINE_ENGINE_CPUS", "RAGLINE_SERVING_CPUS"}, printed
+    for env, engine, serving in (
+        ({"RAGLINE_ENGINE_CPUS": "2-7", "RAGLINE_SERVING_CPUS": "0-1"}, "2-7", "0-1"),
+        (split, split["RAGLINE_ENGINE_CPUS"], split["RAGLINE_SERVING_CPUS"]),
+        ({}, "", ""),
+    ):
+        base = {k: v for k, v in _compose_env(**SECRETS).items() if k not in split}
+        done = _config("setup", "ingest", "gpu", env={**base, **env})
+        assert done.returncode == 0, done.stderr
+        services = yaml.safe_load(done.stdout)["services"]
+        for name in ("redis", "api", "retrieval-worker", "ingest-worker", "callbacks-worker", "flower"):
+            assert services[name].get("cpuset", "") == serving, name
+        assert services["generation-worker"].get("cpuset", "") == engine
+
+
 def test_flower_basic_auth_and_sigint(compose: dict) -> None:
     flower = compose["services"]["flower"]
     # `ragline flower`: it refuses a guessable password, and passes it in the environment.
