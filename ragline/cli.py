@@ -401,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     # faiss's loader reports every SIMD build it tries and cannot find: not a user's concern.
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+    # httpx logs every request at INFO: the readiness polls of `up`/`demo` would fill the terminal.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = build_parser().parse_args(argv)
     # SIGTERM (and SIGHUP) end `up`/`demo` like Ctrl-C, so their children are stopped too.
