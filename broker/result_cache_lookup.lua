@@ -12,7 +12,7 @@ local version = cjson.decode(info)['version']
 local key = ARGV[2] .. ':' .. ARGV[1] .. ':' .. version .. ':' .. ARGV[3]
 local body = redis.call('GET', key)
 if body then
-  redis.call('ZADD', ARGV[2] .. ':lru', ARGV[6], key)
+  redis.call('ZADD', ARGV[2] .. ':lru', 'XX', ARGV[6], key)
   return {1, version, body}
 end
 if ARGV[4] == '' then return {2, version} end

@@ -250,6 +250,9 @@ class ApiSettings(_Group):
     coalesce_max_batch: int = 64
     result_cache_ttl_s: int = 3600
     result_cache_max_entries: int = 100_000
+    # Bytes of keys and answers (an answer at top_k=50 is ~50-65 KB); past either budget the
+    # least recently used entries go first.
+    result_cache_max_bytes: int = 256 * 1024 * 1024
     # Followers of an identical in-flight query wait at most this long before computing it themselves.
     single_flight_ttl_s: float = 30.0
 
