@@ -190,7 +190,7 @@ class JobTracker:
         maxlen: int,
     ) -> str:
         outcome = self._finish(
-            keys=[self._key, stream_key, self._keys.webhook_schedule],
+            keys=[self._key, stream_key, self._keys.webhook_schedule, self._keys.stream_owner(self.job_id)],
             args=[
                 status,
                 repr(time.time()),
@@ -200,6 +200,7 @@ class JobTracker:
                 event_type,
                 data,
                 self.job_id,
+                self._keys.job_bytes_of(""),
                 *_flat(fields),
             ],
         )
@@ -226,8 +227,9 @@ class AsyncJobStore:
 
     async def create(self, record: dict[str, str], *, idempotency: str | None) -> tuple[bool, str]:
         """Store ``record``; with an idempotency digest, returns (False, existing id) on a replay.
-        The owner keeps at most ``job_records_per_key`` records: a create past it removes the
-        owner's oldest finished ones that have nothing left to deliver."""
+        The owner keeps at most ``job_records_per_key`` records and ``job_record_bytes_per_key``
+        bytes of finished ones: a create past either removes the owner's oldest finished ones
+        that have nothing left to deliver."""
         job_id = record["id"]
         s = self._jobs
         created, found = await self._create(
@@ -235,6 +237,7 @@ class AsyncJobStore:
                 self._keys.job(job_id),
                 self._keys.idempotency(idempotency or "-"),
                 self._keys.jobs_of(record["owner"]),
+                self._keys.job_bytes_of(record["owner"]),
             ],
             args=[
                 job_id,
@@ -244,6 +247,7 @@ class AsyncJobStore:
                 s.job_records_per_key,
                 repr(time.time()),
                 self._keys.job(""),
+                s.job_record_bytes_per_key,
                 *_flat(record),
             ],
         )
@@ -269,16 +273,22 @@ class AsyncJobStore:
         data = event.encode()
         status, fields = _final_fields(event, data)
         outcome = await self._finish(
-            keys=[self._keys.job(job_id), self._keys.events(job_id), self._keys.webhook_schedule],
+            keys=[
+                self._keys.job(job_id),
+                self._keys.events(job_id),
+                self._keys.webhook_schedule,
+                self._keys.stream_owner(job_id),
+            ],
             args=[
                 status,
                 repr(time.time()),
                 self._jobs.job_ttl_s,
-                self._streams.event_stream_ttl_s,
+                self._streams.event_stream_done_ttl_s,
                 self._streams.event_stream_maxlen,
                 event.type,
                 data,
                 job_id,
+                self._keys.job_bytes_of(""),
                 *_flat(fields),
             ],
         )

@@ -60,6 +60,10 @@ class Keys:
         """Sorted set: a principal's job ids -> creation time, for its record budget."""
         return f"{self.prefix}:jobs:{principal}"
 
+    def job_bytes_of(self, principal: str) -> str:
+        """Hash: a principal's finished job ids -> each record's bytes, and ``total`` (its byte budget)."""
+        return f"{self.prefix}:jobbytes:{principal}"
+
     def idempotency(self, digest: str) -> str:
         """String: the job id an Idempotency-Key maps to (digest: sha256 of principal and key)."""
         return f"{self.prefix}:idem:{digest}"
