@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- Append a request's final event and move its job to a final state, in one atomic step, so no
 -- crash can leave "answered" without "done" or the reverse. Only the first final transition
 -- wins ("first"); it also schedules the webhook's first attempt in the same step, so a webhook

@@ -44,6 +44,7 @@ from broker.contract import (
     decode_sources,
 )
 from broker.keys import Keys
+from broker.oom_script import AsyncStateScript, StateScript
 from broker.settings import JobSettings, RedisSettings
 
 STAGES = ("queued", "retrieving", "generating", "ingesting")
@@ -136,8 +137,8 @@ class JobTracker:
         self.job_id = job_id
         self._key = keys.job(job_id)
         self._ttl_s = job_ttl_s
-        self._advance = client.register_script(lua("job_advance"))
-        self._finish = client.register_script(lua("job_finish"))
+        self._advance = StateScript(client, lua("job_advance"))
+        self._finish = StateScript(client, lua("job_finish"))
 
     def _run_advance(self, stage: str, *, needs_mode: str = "", fields: dict[str, str] | None = None) -> str:
         outcome, _status, _mode = self._advance(
@@ -223,7 +224,7 @@ class AsyncJobStore:
         self._streams = redis_settings
         self._keys = Keys(redis_settings.key_prefix)
         self._create = client.register_script(lua("job_create"))
-        self._finish = client.register_script(lua("job_finish"))
+        self._finish = AsyncStateScript(client, lua("job_finish"))
 
     async def create(self, record: dict[str, str], *, idempotency: str | None) -> tuple[bool, str]:
         """Store ``record``; with an idempotency digest, returns (False, existing id) on a replay.

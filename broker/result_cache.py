@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 
 from broker.keys import Keys
 from broker.memory_guard import AsyncMemoryGuard
+from broker.oom_script import AsyncStateScript
 
 
 class Outcome(IntEnum):
@@ -70,7 +71,7 @@ class ResultCache:
         self._max_bytes = max_bytes
         self._guard = AsyncMemoryGuard(client, "result", max_fraction=max_memory_fraction)
         self._sf_ttl_ms = int(single_flight_ttl_s * 1000)
-        self._lookup = client.register_script(_LOOKUP)
+        self._lookup = AsyncStateScript(client, _LOOKUP)
         self._store = client.register_script(_STORE)
         self._release = client.register_script(_RELEASE)
 

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- One round trip for the API's hot path: is the index known, which version is current, is the
 -- answer cached for that version, and if not, who computes it (single flight).
 -- KEYS[1]  index registry hash
