@@ -1,7 +1,7 @@
 """The door keeps answering on a full Redis: a real API process on a redis-server of the test's
 own (maxmemory, noeviction, as ragline deploys it), filled until it refuses writes. A cached
-answer is 200, a key past its burst 429 with Retry-After, never 503; a new job, which Redis has
-no room to hold, is refused with 503 and Retry-After."""
+answer is 200, a key past its burst 429 with Retry-After, never 503; a query to compute or a new
+job, which Redis has no room to hold, is refused with 503 and Retry-After."""
 
 from __future__ import annotations
 
@@ -83,6 +83,9 @@ def test_a_full_redis_still_answers_200_and_429_and_refuses_new_jobs_with_503(
                 answers = [http.post("/v1/query", json=QUERY, headers=auth) for _ in range(3)]
                 assert [r.status_code for r in answers] == [200, 200, 200], answers[-1].text
                 assert all(r.json()["cached"] for r in answers)
+                other = {**QUERY, "query": "Who bakes the buns?"}  # to compute: no room for its task
+                uncached = http.post("/v1/query", json=other, headers={"Authorization": f"Bearer {jobs_key}"})
+                assert uncached.status_code == 503 and uncached.headers["Retry-After"], uncached.text
                 refused = http.post("/v1/query", json=QUERY, headers=auth)  # the burst of 4 is spent
                 assert refused.status_code == 429 and int(refused.headers["Retry-After"]) > 0, refused.text
 
