@@ -40,7 +40,8 @@ class Keys:
 
     @property
     def result_cache(self) -> str:
-        """Prefix of level-1 cache entries; ``<this>:lru`` is their recency index."""
+        """Prefix of level-1 cache entries; ``<this>:lru`` is their recency index, ``<this>:sizes``
+        (entry -> bytes) and ``<this>:bytes`` (their total) keep the byte budget."""
         return f"{self.prefix}:qc"
 
     def embedding(self, digest: str) -> str:
