@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- Refresh the shared backpressure snapshot, at most once per lease, in one round trip.
 -- Whoever wins the lease measures the queues and folds the tasks finished since the last refresh
 -- into each queue's service-time sums; everyone else gets the current snapshot back.

@@ -35,6 +35,7 @@ from kombu.transport.redis import PRIORITY_STEPS, Channel
 
 from broker import metrics
 from broker.keys import Keys
+from broker.oom_script import AsyncStateScript
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +297,7 @@ class BackpressureMonitor:
         self._tau_s = tau_s
         self._heartbeat_ttl_s = heartbeat_ttl_s
         self._timeout_s = timeout_s
-        self._script = client.register_script(_REFRESH)
+        self._script = AsyncStateScript(client, _REFRESH)
         self._script_keys = [keys.backpressure, keys.backpressure_lease, Channel.unacked_key]
         for q in queues:
             self._script_keys += [keys.done(q), *priority_lists(q), keys.workers(q)]

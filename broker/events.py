@@ -19,6 +19,8 @@ from broker.backpressure import Occupancy, count_done
 from broker.contract import FINAL_TYPES, ContractError, Done, Error, Sources, StreamEvent, Token, decode_event
 from broker.event_batcher import StreamWriteError
 from broker.keys import Keys
+from broker.memory_guard import MemoryGuard
+from broker.settings import RedisSettings
 
 if TYPE_CHECKING:
     from broker.event_batcher import BatchedStream
@@ -41,6 +43,30 @@ class Event:
         return self.payload.type
 
 
+class FinishedStreamTtl:
+    """How long a stream lives once its final event is written: ``done_ttl_s``, for a client
+    that resumes it (the answer itself is in the job record or the result cache), and only
+    ``linger_ttl_s`` while Redis is near its memory limit (the ``guard``'s reading, taken at
+    most once a second), so finished streams give way like caches do."""
+
+    def __init__(self, done_ttl_s: int, linger_ttl_s: int, guard: MemoryGuard | None = None) -> None:
+        self._done_ttl_s = done_ttl_s
+        self._linger_ttl_s = linger_ttl_s
+        self._guard = guard
+
+    @classmethod
+    def of(
+        cls, client: redis.Redis, streams: RedisSettings, *, max_memory_fraction: float
+    ) -> FinishedStreamTtl:
+        guard = MemoryGuard(client, "stream", max_fraction=max_memory_fraction)
+        return cls(streams.event_stream_done_ttl_s, streams.event_stream_linger_ttl_s, guard)
+
+    def seconds(self) -> int:
+        if self._guard is not None and not self._guard.allows_write():
+            return self._linger_ttl_s
+        return self._done_ttl_s
+
+
 class EventWriter:
     """Appends events for one request; used from worker threads.
 
@@ -54,6 +80,9 @@ class EventWriter:
 
     With an ``occupancy`` (the worker's :class:`~broker.backpressure.Occupancy`) a completion
     also reports how many tasks the worker ran at once meanwhile, and how many it can.
+
+    With a ``finished_ttl`` the final event leaves the stream to live that long instead of
+    ``ttl_s`` (see :class:`FinishedStreamTtl`).
     """
 
     def __init__(
@@ -68,17 +97,23 @@ class EventWriter:
         batch: BatchedStream | None = None,
         flush_timeout_s: float = 10.0,
         occupancy: Occupancy | None = None,
+        finished_ttl: FinishedStreamTtl | None = None,
     ) -> None:
         self._client = client
         self._keys = keys
         self._key = keys.events(request_id)
+        self._owner_key = keys.stream_owner(request_id)
         self._ttl_s = ttl_s
         self._maxlen = maxlen
         self._job = job
         self._batch = batch
         self._flush_timeout_s = flush_timeout_s
         self._occupancy = occupancy
+        self._finished_ttl = finished_ttl
         self._expiry_set = False
+
+    def _final_ttl_s(self) -> int:
+        return self._ttl_s if self._finished_ttl is None else self._finished_ttl.seconds()
 
     @property
     def cancelled(self) -> bool:
@@ -110,7 +145,7 @@ class EventWriter:
                 log.warning("%s: tokens lost, writing the final event directly", self._key)
         if self._job is not None:
             if isinstance(event, Done | Error):
-                self._job.finish(self._key, event, stream_ttl_s=self._ttl_s, maxlen=self._maxlen)
+                self._job.finish(self._key, event, stream_ttl_s=self._final_ttl_s(), maxlen=self._maxlen)
                 if completes:
                     pipe = self._client.pipeline(transaction=False)
                     self._count_done(pipe, completes, service_s)
@@ -122,7 +157,12 @@ class EventWriter:
         pipe.xadd(self._key, {"type": type_, "data": data}, maxlen=self._maxlen, approximate=True)
         # The TTL is set with the first event and renewed with the last: not once per token,
         # which on a CPU host takes cycles from the engine sharing the cores.
-        if not self._expiry_set or type_ in FINAL_EVENTS:
+        if type_ in FINAL_EVENTS:
+            # Who may resume the stream goes with it: a resume of a gone stream is a 404 at once.
+            final_ttl_s = self._final_ttl_s()
+            pipe.expire(self._key, final_ttl_s)
+            pipe.expire(self._owner_key, final_ttl_s)
+        elif not self._expiry_set:
             pipe.expire(self._key, self._ttl_s)
             self._expiry_set = True
         if completes:
@@ -156,25 +196,34 @@ def emit_many(
     ttl_s: int,
     maxlen: int,
     completes: tuple[str, int, float] | None = None,
+    finished_ttl_s: int | None = None,
 ) -> None:
     """Append events for many requests in one round trip (a retrieval batch answers all at once).
 
     ``completes`` = (queue, requests, seconds in the worker): the task these events finish,
-    counted for the backpressure monitor in the same round trip.
+    counted for the backpressure monitor in the same round trip. A stream whose last event here
+    is final lives ``finished_ttl_s`` (default ``ttl_s``) from now, the others ``ttl_s``.
 
     As one transaction: Redis answers a reader blocked on a stream after each command outside
     one, so a request's ``sources`` would reach its reader alone and its ``done`` take a second
     read; after EXEC every reader gets all of its events at once.
     """
     pipe = client.pipeline(transaction=True)
-    streams: dict[str, None] = {}
+    streams: dict[str, bool] = {}  # request id -> finished
+    finished_ttl = ttl_s if finished_ttl_s is None else finished_ttl_s
     for request_id, event in events:
-        key = keys.events(request_id)
-        pipe.xadd(key, {"type": event.type, "data": event.encode()}, maxlen=maxlen, approximate=True)
-        streams[key] = None
+        pipe.xadd(
+            keys.events(request_id),
+            {"type": event.type, "data": event.encode()},
+            maxlen=maxlen,
+            approximate=True,
+        )
+        streams[request_id] = event.type in FINAL_EVENTS
     # One TTL per stream, not one per event: inside the transaction it counts from the same moment.
-    for key in streams:
-        pipe.expire(key, ttl_s)
+    for request_id, final in streams.items():
+        pipe.expire(keys.events(request_id), finished_ttl if final else ttl_s)
+        if final:  # who may resume it goes with it
+            pipe.expire(keys.stream_owner(request_id), finished_ttl)
     if completes:
         count_done(pipe, keys, *completes)
     pipe.execute()

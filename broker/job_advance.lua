@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- Move a job forward to a non-final stage and/or set fields, never backwards and never out of a
 -- final state: a redelivered or late task cannot undo progress or a cancellation.
 -- KEYS[1] job hash

@@ -1,12 +1,14 @@
 -- Create a job record, or return the job an Idempotency-Key already names; one atomic step so
 -- two concurrent requests with the same key cannot both create a job. Then keep the owner within
--- its budget of records: past it, its oldest records that are finished with nothing left to
--- deliver are removed (a running job, or a webhook still to send, is never touched).
+-- its budgets of records, in count and in bytes: past either, its oldest records that are
+-- finished with nothing left to deliver are removed (a running job, or a webhook still to send,
+-- is never touched).
 -- KEYS[1] job hash, KEYS[2] idempotency key (ignored unless ARGV[4] == "1"), KEYS[3] the owner's
--- job index (sorted set: job id -> created, unix s)
+-- job index (sorted set: job id -> created, unix s), KEYS[4] the owner's byte index (hash: job
+-- id -> bytes of its finished record, and "total"; job_finish.lua adds each record once final)
 -- ARGV[1] job id, ARGV[2] job ttl s, ARGV[3] idempotency ttl s, ARGV[4] "1" to use the key,
 -- ARGV[5] records per owner, ARGV[6] now, ARGV[7] job key prefix ("<prefix>:job:"),
--- ARGV[8..] field, value, ...
+-- ARGV[8] bytes of finished records per owner, ARGV[9..] field, value, ...
 -- Returns {1, job_id} when created, {0, existing_job_id} on a replay.
 if ARGV[4] == "1" then
   local existing = redis.call("GET", KEYS[2])
@@ -15,17 +17,18 @@ if ARGV[4] == "1" then
   end
   redis.call("SET", KEYS[2], ARGV[1], "EX", ARGV[3])
 end
-redis.call("HSET", KEYS[1], unpack(ARGV, 8))
+redis.call("HSET", KEYS[1], unpack(ARGV, 9))
 redis.call("EXPIRE", KEYS[1], ARGV[2])
 
-local index, budget = KEYS[3], tonumber(ARGV[5])
+local index, budget, sizes, max_bytes = KEYS[3], tonumber(ARGV[5]), KEYS[4], tonumber(ARGV[8])
 redis.call("ZADD", index, ARGV[6], ARGV[1])
 redis.call("EXPIRE", index, ARGV[2])
 local over = redis.call("ZCARD", index) - budget
-if over > 0 then
+local bytes = tonumber(redis.call("HGET", sizes, "total")) or 0
+if over > 0 or bytes > max_bytes then
   -- The oldest first; a bounded look, so a key with many running jobs costs each create little.
-  for _, id in ipairs(redis.call("ZRANGE", index, 0, over + 99)) do
-    if over <= 0 then
+  for _, id in ipairs(redis.call("ZRANGE", index, 0, math.max(over, 0) + 99)) do
+    if over <= 0 and bytes <= max_bytes then
       break
     end
     local key = ARGV[7] .. id
@@ -36,6 +39,13 @@ if over > 0 then
       redis.call("DEL", key)
       redis.call("ZREM", index, id)
       over = over - 1
+      -- A record gone on its own (its TTL) leaves its size here until now.
+      local size = tonumber(redis.call("HGET", sizes, id)) or 0
+      if size > 0 then
+        redis.call("HDEL", sizes, id)
+        bytes = bytes - size
+        redis.call("HINCRBY", sizes, "total", -size)
+      end
     end
   end
 end

@@ -44,6 +44,7 @@ from broker.contract import (
     decode_sources,
 )
 from broker.keys import Keys
+from broker.oom_script import AsyncStateScript, StateScript
 from broker.settings import JobSettings, RedisSettings
 
 STAGES = ("queued", "retrieving", "generating", "ingesting")
@@ -136,8 +137,8 @@ class JobTracker:
         self.job_id = job_id
         self._key = keys.job(job_id)
         self._ttl_s = job_ttl_s
-        self._advance = client.register_script(lua("job_advance"))
-        self._finish = client.register_script(lua("job_finish"))
+        self._advance = StateScript(client, lua("job_advance"))
+        self._finish = StateScript(client, lua("job_finish"))
 
     def _run_advance(self, stage: str, *, needs_mode: str = "", fields: dict[str, str] | None = None) -> str:
         outcome, _status, _mode = self._advance(
@@ -190,7 +191,7 @@ class JobTracker:
         maxlen: int,
     ) -> str:
         outcome = self._finish(
-            keys=[self._key, stream_key, self._keys.webhook_schedule],
+            keys=[self._key, stream_key, self._keys.webhook_schedule, self._keys.stream_owner(self.job_id)],
             args=[
                 status,
                 repr(time.time()),
@@ -200,6 +201,7 @@ class JobTracker:
                 event_type,
                 data,
                 self.job_id,
+                self._keys.job_bytes_of(""),
                 *_flat(fields),
             ],
         )
@@ -222,12 +224,13 @@ class AsyncJobStore:
         self._streams = redis_settings
         self._keys = Keys(redis_settings.key_prefix)
         self._create = client.register_script(lua("job_create"))
-        self._finish = client.register_script(lua("job_finish"))
+        self._finish = AsyncStateScript(client, lua("job_finish"))
 
     async def create(self, record: dict[str, str], *, idempotency: str | None) -> tuple[bool, str]:
         """Store ``record``; with an idempotency digest, returns (False, existing id) on a replay.
-        The owner keeps at most ``job_records_per_key`` records: a create past it removes the
-        owner's oldest finished ones that have nothing left to deliver."""
+        The owner keeps at most ``job_records_per_key`` records and ``job_record_bytes_per_key``
+        bytes of finished ones: a create past either removes the owner's oldest finished ones
+        that have nothing left to deliver."""
         job_id = record["id"]
         s = self._jobs
         created, found = await self._create(
@@ -235,6 +238,7 @@ class AsyncJobStore:
                 self._keys.job(job_id),
                 self._keys.idempotency(idempotency or "-"),
                 self._keys.jobs_of(record["owner"]),
+                self._keys.job_bytes_of(record["owner"]),
             ],
             args=[
                 job_id,
@@ -244,6 +248,7 @@ class AsyncJobStore:
                 s.job_records_per_key,
                 repr(time.time()),
                 self._keys.job(""),
+                s.job_record_bytes_per_key,
                 *_flat(record),
             ],
         )
@@ -269,16 +274,22 @@ class AsyncJobStore:
         data = event.encode()
         status, fields = _final_fields(event, data)
         outcome = await self._finish(
-            keys=[self._keys.job(job_id), self._keys.events(job_id), self._keys.webhook_schedule],
+            keys=[
+                self._keys.job(job_id),
+                self._keys.events(job_id),
+                self._keys.webhook_schedule,
+                self._keys.stream_owner(job_id),
+            ],
             args=[
                 status,
                 repr(time.time()),
                 self._jobs.job_ttl_s,
-                self._streams.event_stream_ttl_s,
+                self._streams.event_stream_done_ttl_s,
                 self._streams.event_stream_maxlen,
                 event.type,
                 data,
                 job_id,
+                self._keys.job_bytes_of(""),
                 *_flat(fields),
             ],
         )

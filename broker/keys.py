@@ -40,7 +40,8 @@ class Keys:
 
     @property
     def result_cache(self) -> str:
-        """Prefix of level-1 cache entries; ``<this>:lru`` is their recency index."""
+        """Prefix of level-1 cache entries; ``<this>:lru`` is their recency index, ``<this>:sizes``
+        (entry -> bytes) and ``<this>:bytes`` (their total) keep the byte budget."""
         return f"{self.prefix}:qc"
 
     def embedding(self, digest: str) -> str:
@@ -59,6 +60,10 @@ class Keys:
     def jobs_of(self, principal: str) -> str:
         """Sorted set: a principal's job ids -> creation time, for its record budget."""
         return f"{self.prefix}:jobs:{principal}"
+
+    def job_bytes_of(self, principal: str) -> str:
+        """Hash: a principal's finished job ids -> each record's bytes, and ``total`` (its byte budget)."""
+        return f"{self.prefix}:jobbytes:{principal}"
 
     def idempotency(self, digest: str) -> str:
         """String: the job id an Idempotency-Key maps to (digest: sha256 of principal and key)."""

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import time
+from functools import cache
+from importlib import resources
 
 import redis
 import redis.asyncio as aioredis
 
 from broker.keys import Keys
+from broker.oom_script import StateScript
+
+_BEAT = resources.files("broker").joinpath("heartbeat.lua").read_text()
+
+
+@cache
+def _beat_script(client: redis.Redis) -> StateScript:
+    return StateScript(client, _BEAT)
 
 
 def beat(client: redis.Redis, keys: Keys, queue: str, worker_id: str) -> None:
-    client.zadd(keys.workers(queue), {worker_id: time.time()})
+    _beat_script(client)(keys=[keys.workers(queue)], args=[time.time(), worker_id])
 
 
 def leave(client: redis.Redis, keys: Keys, queue: str, worker_id: str) -> None:

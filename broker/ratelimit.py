@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 
 from broker import apikeys
 from broker.keys import Keys
+from broker.oom_script import AsyncStateScript
 from broker.settings import ApiSettings
 
 _SCRIPT = resources.files("broker").joinpath("token_bucket.lua").read_text()
@@ -66,7 +67,7 @@ class Door:
         self._auth = auth
         self._rate_limit = rate_limit
         self._timeout_s = timeout_s
-        self._script = client.register_script(_SCRIPT)
+        self._script = AsyncStateScript(client, _SCRIPT)
 
     @classmethod
     def of(cls, client: aioredis.Redis, keys: Keys, api: ApiSettings) -> Door:

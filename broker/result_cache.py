@@ -1,8 +1,10 @@
 """Level-1 cache: normalised query → final response, checked by the API before any queue.
 
 Keys carry index name and version (``<prefix>:qc:<index>:<version>:<digest>``), so a re-ingest
-never serves a stale answer. The bound is an entry budget with LRU eviction kept by the scripts
-beside this module, because Redis' own ``maxmemory-policy`` would apply to the queues too.
+never serves a stale answer. The bounds are an entry budget and a byte budget (an answer at
+``top_k=50`` is ~50-65 KB), with LRU eviction kept by the scripts beside this module, because
+Redis' own ``maxmemory-policy`` would apply to the queues too. Near Redis' memory limit writes
+are dropped (``broker/memory_guard.py``): a skipped write costs a recomputation, never an answer.
 Single flight: the first request for a key claims it; identical concurrent requests follow the
 leader's event stream instead of computing again.
 """
@@ -14,9 +16,12 @@ from dataclasses import dataclass
 from enum import IntEnum
 from importlib import resources
 
+import redis
 import redis.asyncio as aioredis
 
 from broker.keys import Keys
+from broker.memory_guard import AsyncMemoryGuard
+from broker.oom_script import AsyncStateScript
 
 
 class Outcome(IntEnum):
@@ -50,13 +55,23 @@ _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL
 
 class ResultCache:
     def __init__(
-        self, client: aioredis.Redis, keys: Keys, *, ttl_s: int, max_entries: int, single_flight_ttl_s: float
+        self,
+        client: aioredis.Redis,
+        keys: Keys,
+        *,
+        ttl_s: int,
+        max_entries: int,
+        max_bytes: int,
+        single_flight_ttl_s: float,
+        max_memory_fraction: float = 1.0,
     ) -> None:
         self._keys = keys
         self._ttl_s = ttl_s
         self._max_entries = max_entries
+        self._max_bytes = max_bytes
+        self._guard = AsyncMemoryGuard(client, "result", max_fraction=max_memory_fraction)
         self._sf_ttl_ms = int(single_flight_ttl_s * 1000)
-        self._lookup = client.register_script(_LOOKUP)
+        self._lookup = AsyncStateScript(client, _LOOKUP)
         self._store = client.register_script(_STORE)
         self._release = client.register_script(_RELEASE)
 
@@ -74,18 +89,38 @@ class ResultCache:
             return Lookup(outcome, version, leader=reply[2].decode())
         return Lookup(outcome, version)
 
-    async def store(self, key: str, body: bytes, *, leader: str = "") -> None:
-        await self._store(
-            args=[
-                key,
-                body,
-                self._ttl_s,
-                int(time.time() * 1000),
-                self._max_entries,
-                f"{self._keys.result_cache}:lru",
-                leader,
-            ]
-        )
+    async def store(self, key: str, body: bytes, *, leader: str = "") -> bool:
+        """Cache ``body`` under ``key`` (and give up the caller's single-flight claim); False when
+        the write was dropped: Redis near its memory limit, or the answer over the byte budget."""
+        if not await self._guard.allows_write():
+            self._guard.dropped("memory")
+            await self._release_claim(key, leader)
+            return False
+        prefix = self._keys.result_cache
+        try:
+            stored = await self._store(
+                args=[
+                    key,
+                    body,
+                    self._ttl_s,
+                    int(time.time() * 1000),
+                    self._max_entries,
+                    f"{prefix}:lru",
+                    leader,
+                    self._max_bytes,
+                    f"{prefix}:sizes",
+                    f"{prefix}:bytes",
+                ]
+            )
+        except redis.exceptions.OutOfMemoryError:
+            self._guard.dropped("oom")
+            await self._release_claim(key, leader)
+            return False
+        return bool(int(stored))
+
+    async def _release_claim(self, key: str, leader: str) -> None:
+        if leader:
+            await self.release(key, leader)
 
     async def release(self, key: str, leader: str) -> None:
         """Give up a single-flight claim (the leader failed): the next request computes afresh."""

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- One round trip for the API's hot path: is the index known, which version is current, is the
 -- answer cached for that version, and if not, who computes it (single flight).
 -- KEYS[1]  index registry hash
@@ -12,7 +13,7 @@ local version = cjson.decode(info)['version']
 local key = ARGV[2] .. ':' .. ARGV[1] .. ':' .. version .. ':' .. ARGV[3]
 local body = redis.call('GET', key)
 if body then
-  redis.call('ZADD', ARGV[2] .. ':lru', ARGV[6], key)
+  redis.call('ZADD', ARGV[2] .. ':lru', 'XX', ARGV[6], key)
   return {1, version, body}
 end
 if ARGV[4] == '' then return {2, version} end

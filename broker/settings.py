@@ -82,6 +82,10 @@ class RedisSettings(_Group):
     worker_metrics_host: str = "127.0.0.1"
     # Each request's event stream: the workers write it, the API (and a reconnecting client) reads it.
     event_stream_ttl_s: int = 600
+    # A finished stream (its final event written) lives this long, for a client resuming it; near
+    # Redis' memory limit (cache_write_max_memory_fraction) only event_stream_linger_ttl_s.
+    event_stream_done_ttl_s: int = 120
+    event_stream_linger_ttl_s: int = 5
     event_stream_maxlen: int = 10_000
 
 
@@ -250,6 +254,9 @@ class ApiSettings(_Group):
     coalesce_max_batch: int = 64
     result_cache_ttl_s: int = 3600
     result_cache_max_entries: int = 100_000
+    # Bytes of keys and answers (an answer at top_k=50 is ~50-65 KB); past either budget the
+    # least recently used entries go first.
+    result_cache_max_bytes: int = 256 * 1024 * 1024
     # Followers of an identical in-flight query wait at most this long before computing it themselves.
     single_flight_ttl_s: float = 30.0
 
@@ -313,6 +320,8 @@ class JobSettings(_Group):
     # (never one still running or with a webhook still to deliver). A record holds its answer and
     # sources (up to ~65 KB at top_k=50).
     job_records_per_key: int = 1000
+    # Bytes of finished records kept per API key, the same way (a record is counted once final).
+    job_record_bytes_per_key: int = 16 * 1024 * 1024
     # An Idempotency-Key maps to its job for this long.
     idempotency_ttl_s: int = 24 * 3600
     job_metadata_max_bytes: int = 4096

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- The door in one round trip: who is calling (API key), and may they (their token bucket and the
 -- global one). Both buckets are checked first and debited only if both allow, so a request
 -- refused by one bucket costs the other nothing.

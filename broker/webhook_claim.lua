@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- Claim delivery attempt n of a job's webhook. A duplicate or redelivered task for an attempt
 -- that already concluded, or that another worker holds a live lease on, gets no claim; a task
 -- redelivered after its worker died mid-attempt (lease expired) takes the attempt over.

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- Take the delivery attempts that are due, leasing each (its score moves lease seconds ahead)
 -- rather than removing it: a poller that dies before it enqueues them loses nothing, and two
 -- pollers never take the same member. The poller removes a member once it is on the queue.

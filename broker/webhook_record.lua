@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- Record the outcome of delivery attempt n and, in the same step, schedule the next attempt or
 -- dead-letter the delivery, so a crash cannot lose a retry or dead-letter twice.
 -- KEYS[1] job hash, KEYS[2] schedule (sorted set), KEYS[3] dead-letter list

@@ -22,6 +22,7 @@ import redis
 
 from broker.jobs import decode, lua
 from broker.keys import Keys
+from broker.oom_script import StateScript
 from broker.settings import WebhookSettings
 
 SIGNATURE_HEADER = "X-Ragline-Signature"
@@ -93,9 +94,9 @@ class DeliveryStore:
         self._settings = settings
         self._job_ttl_s = job_ttl_s
         self._keys = keys
-        self._due = client.register_script(lua("webhook_due"))
-        self._claim = client.register_script(lua("webhook_claim"))
-        self._record = client.register_script(lua("webhook_record"))
+        self._due = StateScript(client, lua("webhook_due"))
+        self._claim = StateScript(client, lua("webhook_claim"))
+        self._record = StateScript(client, lua("webhook_record"))
 
     def take_due(self, *, lease_s: float = 30.0, limit: int = 100, now: float | None = None) -> list[Due]:
         members = self._due(

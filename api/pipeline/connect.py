@@ -61,7 +61,16 @@ class StreamOwners:
         self._ttl_s = ttl_s
 
     async def record(self, request_id: str, owner: str) -> None:
-        await self._redis.set(self._keys.stream_owner(request_id), owner, ex=self._ttl_s)
+        key = self._keys.stream_owner(request_id)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.set(key, owner, ex=self._ttl_s)
+        pipe.ttl(self._keys.events(request_id))
+        _, stream_ttl = await pipe.execute()
+        # A request that finished before its owner was recorded (a fast answer) has a stream
+        # with its shorter finished TTL: the owner must not outlive it (a resume then waits on
+        # nothing instead of a 404). Once finished later, the worker expires the owner itself.
+        if 0 < stream_ttl < self._ttl_s:
+            await self._redis.expire(key, stream_ttl)
 
     async def owner_of(self, request_id: str) -> str | None:
         owner = await self._redis.get(self._keys.stream_owner(request_id))
@@ -110,7 +119,9 @@ class Connected:
                 keys,
                 ttl_s=api.result_cache_ttl_s,
                 max_entries=api.result_cache_max_entries,
+                max_bytes=api.result_cache_max_bytes,
                 single_flight_ttl_s=api.single_flight_ttl_s,
+                max_memory_fraction=settings.retrieval.cache_write_max_memory_fraction,
             ),
             publish=publish,
             read_events=events,

@@ -6,14 +6,17 @@ import asyncio
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 import redis
 import redis.asyncio as aioredis
 
 from broker.contract import Done, Error, Restart, Sources, Token
-from broker.events import EventTimeout, EventWriter, emit_many, read_events
+from broker.events import EventTimeout, EventWriter, FinishedStreamTtl, emit_many, read_events
 from broker.keys import Keys
+from broker.memory_guard import MemoryGuard
+from tests.helpers import fill_to, redis_server
 
 KEYS = Keys("ragline-test-events")
 
@@ -106,6 +109,45 @@ def test_stream_expires_from_its_first_event_and_again_from_its_last(redis_url: 
     w.emit(Done(answer="a"))
     assert client.ttl(key) > 30
     client.delete(key)
+
+
+def test_a_finished_stream_and_its_owner_live_the_done_ttl(redis_url: str) -> None:
+    """Running: the stream's TTL; once final: the (shorter) done TTL, and who may resume it goes
+    with it, so a resume after it is gone is a 404, not a wait on a stream that will never come."""
+    client = redis.Redis.from_url(redis_url)
+    rid, batched = uuid.uuid4().hex, uuid.uuid4().hex
+    for request_id in (rid, batched):
+        client.set(KEYS.stream_owner(request_id), "alice", ex=600)  # as the API records it
+    w = EventWriter(client, KEYS, rid, ttl_s=600, maxlen=1000, finished_ttl=FinishedStreamTtl(20, 2))
+    w.emit(Sources(sources=[]))
+    assert 20 < client.ttl(KEYS.events(rid)) <= 600
+    w.emit(Done(answer="a"))
+    assert 0 < client.ttl(KEYS.events(rid)) <= 20 and 0 < client.ttl(KEYS.stream_owner(rid)) <= 20
+
+    running = uuid.uuid4().hex  # a rag request: its sources now, generation later
+    emit_many(
+        client,
+        KEYS,
+        [(batched, Sources(sources=[])), (batched, Done(answer=None)), (running, Sources(sources=[]))],
+        ttl_s=600,
+        maxlen=1000,
+        finished_ttl_s=20,
+    )
+    assert 0 < client.ttl(KEYS.events(batched)) <= 20 and 0 < client.ttl(KEYS.stream_owner(batched)) <= 20
+    assert client.ttl(KEYS.events(running)) > 20
+
+
+def test_near_the_memory_limit_a_finished_stream_only_lingers(tmp_path: Path) -> None:
+    with redis_server(tmp_path, maxmemory="16mb") as client:
+        ttl = FinishedStreamTtl(120, 5, MemoryGuard(client, "stream", max_fraction=0.7))
+        assert ttl.seconds() == 120
+        fill_to(client, 0.8)
+        ttl = FinishedStreamTtl(120, 5, MemoryGuard(client, "stream", max_fraction=0.7))
+        rid = uuid.uuid4().hex
+        w = EventWriter(client, KEYS, rid, ttl_s=600, maxlen=1000, finished_ttl=ttl)
+        w.emit(Sources(sources=[]))
+        w.emit(Done(answer="a"))
+        assert 0 < client.ttl(KEYS.events(rid)) <= 5
 
 
 def test_a_batch_reaches_a_waiting_reader_whole(redis_url: str) -> None:

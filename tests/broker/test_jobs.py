@@ -252,3 +252,53 @@ def test_a_key_keeps_at_most_its_budget_of_finished_records(client: redis.Redis,
     }
     assert client.zcard(KEYS.jobs_of(owner)) == 3
     assert 0 < client.ttl(KEYS.jobs_of(owner)) <= budget.jobs.job_ttl_s
+
+
+def _record_bytes(client: redis.Redis, job_id: str) -> int:
+    return sum(len(k) + len(v) for k, v in client.hgetall(KEYS.job(job_id)).items())
+
+
+def test_a_key_keeps_at_most_its_bytes_of_finished_records(client: redis.Redis, cfg: Settings) -> None:
+    """Past job_record_bytes_per_key a new job removes its key's oldest finished records (the
+    count budget far away), never one running or with a webhook still to deliver."""
+    owner = f"key-{uuid.uuid4().hex[:8]}"
+    answer = "x" * 20_000  # a large answer: the record is ~20 KB
+    budget = cfg.replace(job_records_per_key=1000, job_record_bytes_per_key=70_000)
+
+    def make(*, finish: bool, webhook: str | None = None) -> str:
+        job_id = uuid.uuid4().hex
+        assert _create(budget, {**_record(job_id, webhook=webhook), "owner": owner})[0]
+        if finish:
+            w = _writer(client, budget, job_id)
+            w.start("retrieving")
+            w.emit(Done(answer=answer))
+        time.sleep(0.002)  # creation order, to the millisecond
+        return job_id
+
+    running = make(finish=False)
+    pending_hook = make(finish=True, webhook="https://hooks.example.com/x")  # scheduled, not delivered
+    finished = [make(finish=True) for _ in range(5)]
+    make(finish=False)  # the create that finds the key over its bytes
+    kept = [j for j in [running, pending_hook, *finished] if client.exists(KEYS.job(j))]
+    # The pending webhook's record counts (it cannot go yet), so two finished ones fit beside it.
+    assert kept == [running, pending_hook, finished[3], finished[4]]
+    sizes = {k.decode(): int(v) for k, v in client.hgetall(KEYS.job_bytes_of(owner)).items()}
+    counted = {j: _record_bytes(client, j) for j in (pending_hook, finished[3], finished[4])}
+    # Each record as it was when it finished (the webhook's record has changed little since).
+    assert sizes.pop("total") == sum(sizes.values()) <= budget.jobs.job_record_bytes_per_key
+    assert sizes.keys() == counted.keys()
+    assert all(abs(sizes[j] - counted[j]) < 200 for j in counted)
+    assert 0 < client.ttl(KEYS.job_bytes_of(owner)) <= budget.jobs.job_ttl_s
+
+
+def test_a_finished_job_stream_lives_the_done_ttl_with_its_owner(client: redis.Redis, cfg: Settings) -> None:
+    job_id = uuid.uuid4().hex
+    assert _create(cfg, _record(job_id, mode="retrieval", webhook=None))[0]
+    client.set(KEYS.stream_owner(job_id), "alice", ex=600)
+    tracker = jobs.JobTracker(client, KEYS, job_id, job_ttl_s=120)
+    assert tracker.finish(KEYS.events(job_id), Done(answer=None), stream_ttl_s=15, maxlen=100) == "first"
+    assert 0 < client.ttl(KEYS.events(job_id)) <= 15 and 0 < client.ttl(KEYS.stream_owner(job_id)) <= 15
+    other = uuid.uuid4().hex
+    assert _create(cfg, _record(other, mode="retrieval", webhook=None))[0]
+    assert _cancel(cfg.replace(event_stream_done_ttl_s=7), other) == "first"  # the API's cancel
+    assert 0 < client.ttl(KEYS.events(other)) <= 7

@@ -1,4 +1,4 @@
-"""The level-1 result cache on a real Redis: versions, single flight, LRU bound."""
+"""The level-1 result cache on a real Redis: versions, single flight, LRU entry and byte budgets."""
 
 from __future__ import annotations
 
@@ -22,9 +22,14 @@ def _setup(redis_url: str, max_entries: int = 100) -> tuple[Keys, redis.Redis]:
     return keys, client
 
 
-def _cache(redis_url: str, keys: Keys, max_entries: int = 100) -> tuple[ResultCache, aioredis.Redis]:
+def _cache(
+    redis_url: str, keys: Keys, max_entries: int = 100, max_bytes: int = 1 << 30
+) -> tuple[ResultCache, aioredis.Redis]:
     client = aioredis.Redis.from_url(redis_url)
-    return ResultCache(client, keys, ttl_s=60, max_entries=max_entries, single_flight_ttl_s=5), client
+    cache = ResultCache(
+        client, keys, ttl_s=60, max_entries=max_entries, max_bytes=max_bytes, single_flight_ttl_s=5
+    )
+    return cache, client
 
 
 def test_unknown_index_lead_follow_store_hit_and_new_version(redis_url: str) -> None:
@@ -86,3 +91,38 @@ def test_entry_budget_evicts_least_recently_used(redis_url: str) -> None:
 
     assert asyncio.run(scenario()) == [Outcome.HIT, Outcome.MISS, Outcome.HIT, Outcome.HIT]
     assert sync.zcard(f"{keys.result_cache}:lru") == 3
+
+
+def test_byte_budget_holds_under_many_large_answers(redis_url: str) -> None:
+    keys, sync = _setup(redis_url)
+    budget = 1_000_000
+    body = json.dumps({"answer": "x" * 60_000}).encode()  # a top_k=50 answer's size
+
+    async def scenario() -> list[Outcome]:
+        cache, client = _cache(redis_url, keys, max_entries=10_000, max_bytes=budget)
+        for i in range(200):  # 12 MB written into a 1 MB budget
+            found = await cache.lookup("docs", f"q{i}")
+            assert await cache.store(found.key(keys, "docs", f"q{i}"), body)
+        outcomes = [(await cache.lookup("docs", f"q{i}")).outcome for i in (0, 100, 199)]
+        await client.aclose()
+        return outcomes
+
+    assert asyncio.run(scenario()) == [Outcome.MISS, Outcome.MISS, Outcome.HIT]  # the newest stay
+    entries = sync.keys(f"{keys.result_cache}:docs:*")
+    held = sum(sync.strlen(k) + len(k) for k in entries)
+    assert 0 < held <= budget and len(entries) == budget // len(body)
+    assert int(sync.get(f"{keys.result_cache}:bytes")) == held  # the running total is exact
+    assert sync.zcard(f"{keys.result_cache}:lru") == sync.hlen(f"{keys.result_cache}:sizes") == len(entries)
+
+
+def test_an_answer_over_the_whole_byte_budget_is_not_stored_and_frees_its_claim(redis_url: str) -> None:
+    keys, _ = _setup(redis_url)
+
+    async def scenario() -> None:
+        cache, client = _cache(redis_url, keys, max_bytes=1000)
+        lead = await cache.lookup("docs", "big", request_id="r1")
+        assert not await cache.store(lead.key(keys, "docs", "big"), b"x" * 2000, leader="r1")
+        assert (await cache.lookup("docs", "big", request_id="r2")).outcome is Outcome.LEAD
+        await client.aclose()
+
+    asyncio.run(scenario())

@@ -19,7 +19,7 @@ from broker.backpressure import Occupancy
 from broker.celery_app import create_celery
 from broker.contract import Cancelled, ContractError, Done, Error, GenerateTask, Restart, Token, Usage
 from broker.event_batcher import EventBatcher
-from broker.events import EventWriter
+from broker.events import EventWriter, FinishedStreamTtl
 from broker.keys import Keys
 from broker.queues import GENERATE_TASK, GENERATION_QUEUE
 from broker.redis_pool import sync_client
@@ -43,6 +43,21 @@ occupancy = Occupancy(generation.max_num_seqs).track(GENERATE_TASK)
 _engine: EngineHost | TransformersEngine | None = None
 _tokenizer: Any = None
 _batcher: EventBatcher | None = None
+
+
+_finished_ttl: FinishedStreamTtl | None = None
+
+
+def finished_ttl() -> FinishedStreamTtl:
+    """This process's one reading of how long a finished stream lives (near the memory limit: briefly)."""
+    global _finished_ttl
+    if _finished_ttl is None:
+        _finished_ttl = FinishedStreamTtl.of(
+            sync_client(settings.redis),
+            settings.redis,
+            max_memory_fraction=settings.retrieval.cache_write_max_memory_fraction,
+        )
+    return _finished_ttl
 
 
 @worker_init.connect(weak=False)
@@ -105,6 +120,7 @@ def generate(self: Task, **kwargs: Any) -> None:
         batch=_batcher.stream(request_id) if _batcher is not None else None,
         flush_timeout_s=2 * settings.redis.redis_socket_timeout_s + 1,
         occupancy=occupancy,
+        finished_ttl=finished_ttl(),
     )
     if not writer.start("generating"):
         return

@@ -127,7 +127,7 @@ def ingest(self: Task, **kwargs: Any) -> None:
         tracker.finish_ingest(
             keys.events(task.job_id),
             outcome,
-            stream_ttl_s=settings.redis.event_stream_ttl_s,
+            stream_ttl_s=settings.redis.event_stream_done_ttl_s,
             maxlen=settings.redis.event_stream_maxlen,
         )
     if task.staging:

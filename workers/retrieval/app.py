@@ -19,7 +19,7 @@ from broker import documents, indexes, jobs
 from broker.cancel import is_cancelled
 from broker.celery_app import create_celery
 from broker.contract import Cancelled, ContractError, Error, GenerateTask, RetrieveTask, StreamEvent
-from broker.events import EventWriter, emit_many, finished
+from broker.events import EventWriter, FinishedStreamTtl, emit_many, finished
 from broker.keys import Keys
 from broker.queues import GENERATE_TASK, GENERATION_QUEUE, RETRIEVAL_QUEUE, RETRIEVE_TASK
 from broker.redis_pool import sync_client
@@ -43,6 +43,21 @@ metrics_server.install(settings.redis)
 heartbeat.install(app, RETRIEVAL_QUEUE, settings.redis, host_defaults=settings.host_defaults_line())
 
 _retriever: BatchRetriever | None = None
+
+
+_finished_ttl: FinishedStreamTtl | None = None
+
+
+def finished_ttl() -> FinishedStreamTtl:
+    """This process's one reading of how long a finished stream lives (near the memory limit: briefly)."""
+    global _finished_ttl
+    if _finished_ttl is None:
+        _finished_ttl = FinishedStreamTtl.of(
+            sync_client(settings.redis),
+            settings.redis,
+            max_memory_fraction=settings.retrieval.cache_write_max_memory_fraction,
+        )
+    return _finished_ttl
 
 
 def retriever() -> BatchRetriever:
@@ -87,6 +102,7 @@ def _job_writer(request_id: str, job_id: str) -> EventWriter:
         ttl_s=streams.event_stream_ttl_s,
         maxlen=streams.event_stream_maxlen,
         job=jobs.tracker(client, keys, settings.jobs, job_id),
+        finished_ttl=finished_ttl(),
     )
 
 
@@ -138,6 +154,7 @@ def retrieve(self: Task, **kwargs: Any) -> None:
         ttl_s=streams.event_stream_ttl_s,
         maxlen=streams.event_stream_maxlen,
         completes=(RETRIEVAL_QUEUE, len(pending), time.time() - picked_at),
+        finished_ttl_s=finished_ttl().seconds(),
     )
     for request_id, event in result_events:
         if request_id in writers:
