@@ -17,7 +17,7 @@ class IndexSummary(BaseModel):
         description="Documents in this version; null when it was ingested before ragline recorded it."
     )
     chunks: int
-    index_type: str = Field(description="`hnsw` or `ivfpq`.")
+    index_type: str = Field(description="`hnsw`, `ivfpq` or `ivfpq-disk`.")
     default: bool = Field(description="Queries that name no index use this one.")
 
     @classmethod

@@ -56,7 +56,7 @@ def _ingest(args: argparse.Namespace, settings: Settings) -> int:
         f"{info.index_type} {info.dim}-d, {time.perf_counter() - started:.1f}s\n"
         f"ingest {info.chunks / report.seconds:.1f} chunks/s; the encoder alone {encoder} chunks/s "
         f"({report.encoded} encoded, the rest from the embedding cache)\n"
-        f"memory per vector: this index {report.bytes_per_vector:.0f} B on disk; by type: "
+        f"memory per vector: this index {report.bytes_per_vector:.0f} B on disk; in RAM by type: "
         + ", ".join(f"{kind} ~{size} B" for kind, size in report.estimates.items())
     )
     return 0
@@ -308,9 +308,10 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--index", help="index name (default: RAGLINE_DEFAULT_INDEX)")
     ingest.add_argument(
         "--index-type",
-        choices=["hnsw", "ivfpq"],
+        choices=["hnsw", "ivfpq", "ivfpq-disk"],
         default="hnsw",
-        help="hnsw (default; fast, ~1.8 KB/vector at 384-d) or ivfpq (IVF-PQ + refine, for large corpora)",
+        help="hnsw (default; fast, ~1.8 KB/vector at 384-d), ivfpq (IVF-PQ + refine, for large corpora) "
+        "or ivfpq-disk (the same with its lists and refine codes on disk, for corpora beyond RAM)",
     )
     ingest.add_argument(
         "--meta",

@@ -29,6 +29,7 @@ import redis
 from broker import indexes
 from broker.indexes import IndexInfo
 from broker.keys import Keys
+from workers.retrieval import ondisk
 from workers.retrieval.chunking import Chunk
 from workers.retrieval.lexical import LexicalIndex
 
@@ -41,6 +42,10 @@ _FILTER_CACHE_SIZE = 256
 # A filter letting through at most this many rows is searched exactly over them (a copy of their
 # vectors per search); more, and the HNSW graph is searched with an ID selector.
 EXACT_FILTER_MAX_ROWS = 8192
+
+
+# Index types whose search takes IVF parameters (nprobe, refine factor).
+IVF_TYPES = ("ivfpq", "ivfpq-disk")
 
 
 class UnknownIndex(LookupError):
@@ -81,7 +86,7 @@ class LoadedIndex:
     def _params(self, knobs: SearchKnobs) -> faiss.SearchParameters | None:
         if self.info.index_type == "hnsw" and knobs.ef_search:
             return faiss.SearchParametersHNSW(efSearch=knobs.ef_search)
-        if self.info.index_type == "ivfpq":
+        if self.info.index_type in IVF_TYPES:
             base = faiss.SearchParametersIVF(nprobe=knobs.nprobe) if knobs.nprobe else None
             return faiss.IndexRefineSearchParameters(k_factor=knobs.refine_k_factor, base_index_params=base)
         return None
@@ -229,6 +234,8 @@ def bytes_per_vector_estimates(dim: int, *, hnsw_m: int, pq_m: int) -> dict[str,
         "hnsw": 4 * dim + 2 * hnsw_m * 4,
         "ivfpq+sq8": pq_m + 8 + dim,
         "ivfpq+flat": pq_m + 8 + 4 * dim,
+        # lists and refine codes on disk (the page cache holds what searches touch)
+        "ivfpq-disk": 0,
     }
 
 
@@ -255,6 +262,8 @@ def save(
     base.mkdir(parents=True, exist_ok=True)
     staging = base / f".tmp-{version}"
     staging.mkdir()
+    if index_type == "ivfpq-disk":
+        ondisk.move_lists_to_disk(index, staging)
     faiss.write_index(index, str(staging / "index.faiss"))
     if lexical is not None:
         lexical.save(staging / "lexical")
@@ -307,10 +316,16 @@ def remove_index(root: Path, name: str) -> None:
 def read_version(info: IndexInfo) -> tuple[faiss.Index, list[Chunk]]:
     """A version's FAISS index and chunks, row for row (what an ingest builds the next one from)."""
     path = Path(info.path)
-    index = faiss.read_index(str(path / "index.faiss"))
+    index = _read_index(info)
     with (path / "chunks.jsonl").open() as src:
         chunks = [_chunk(json.loads(line)) for line in src]
     return index, chunks
+
+
+def _read_index(info: IndexInfo) -> faiss.Index:
+    if info.index_type == "ivfpq-disk":
+        return ondisk.read(Path(info.path))
+    return faiss.read_index(str(Path(info.path) / "index.faiss"))
 
 
 def current_on_disk(root: Path) -> list[IndexInfo]:
@@ -325,7 +340,7 @@ def current_on_disk(root: Path) -> list[IndexInfo]:
 
 def load(info: IndexInfo, *, ef_search: int) -> LoadedIndex:
     path = Path(info.path)
-    index = faiss.read_index(str(path / "index.faiss"))
+    index = _read_index(info)
     if isinstance(index, faiss.IndexHNSW):
         index.hnsw.efSearch = ef_search
     with (path / "chunks.jsonl").open() as src:

@@ -21,7 +21,7 @@ from broker.indexes import IndexInfo
 from broker.keys import Keys
 from broker.redis_pool import sync_client
 from broker.settings import RetrievalSettings, Settings
-from workers.retrieval import index_store
+from workers.retrieval import index_store, ondisk
 from workers.retrieval.chunking import Chunk, chunk_sections
 from workers.retrieval.embedder import Embedder
 from workers.retrieval.embedding_cache import EmbeddingCache
@@ -127,12 +127,12 @@ def build_index(settings: RetrievalSettings, vectors: np.ndarray, index_type: st
             ef_search=settings.hnsw_ef_search,
         )
         return index_store.build_hnsw(vectors, params)
-    if index_type == "ivfpq":
+    if index_type in index_store.IVF_TYPES:  # ivfpq-disk: the same index, its lists moved to disk at save
         params = index_store.IvfPqParams(
             nlist=settings.ivf_nlist, pq_m=settings.ivf_pq_m, refine=settings.ivf_refine
         )
         return index_store.build_ivfpq(vectors, params, nprobe=settings.ivf_nprobe)
-    raise ValueError(f"unknown index type {index_type!r} (hnsw or ivfpq)")
+    raise ValueError(f"unknown index type {index_type!r} (hnsw, ivfpq or ivfpq-disk)")
 
 
 def document_id(chunk: Chunk) -> str:
@@ -210,7 +210,8 @@ def ingest(
     indexes.register(client, keys, info)
     if previous is not None:
         documents.retire(client, keys, index_name, previous.version)
-    index_bytes = Path(info.path, "index.faiss").stat().st_size
+    index_files = (Path(info.path, "index.faiss"), Path(info.path, ondisk.LISTS))
+    index_bytes = sum(p.stat().st_size for p in index_files if p.exists())
     estimates = index_store.bytes_per_vector_estimates(
         embedder.dim, hnsw_m=retrieval.hnsw_m, pq_m=retrieval.ivf_pq_m
     )

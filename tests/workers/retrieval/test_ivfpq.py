@@ -1,13 +1,21 @@
-"""IVF-PQ with refine: builds on small corpora, and per-query nprobe / efSearch are honoured."""
+"""IVF-PQ with refine, in memory and on disk: builds on small corpora, and per-query nprobe /
+efSearch are honoured."""
 
 from __future__ import annotations
 
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import faiss
 import numpy as np
 import pytest
 
 from broker.indexes import IndexInfo
-from workers.retrieval import index_store
+from broker.settings import Settings
+from workers.retrieval import index_store, ondisk
 from workers.retrieval.chunking import Chunk
+from workers.retrieval.embedder import Embedder
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +77,51 @@ def test_filtered_search_is_exact_in_count(
             best = allowed[np.argsort(-exact[q, allowed])][: len(found)]
             assert [r for r, _ in found][:3] == best.tolist()[:3]
     assert loaded.search_rows(x[:2], 5, allowed=np.array([], dtype=np.int64)) == [[], []]
+
+
+def test_ivfpq_disk_answers_as_in_memory_from_a_moved_folder(
+    data: tuple[np.ndarray, list[Chunk]], tmp_path: Path
+) -> None:
+    """ivfpq-disk: the same index with its lists in a file beside it; read back from a version
+    folder that has moved since (a rename, another mount), it answers as the index in memory did."""
+    x, chunks = data
+    params = index_store.IvfPqParams(nlist=0, pq_m=8, refine="sq8")
+    knobs = index_store.SearchKnobs(nprobe=16, refine_k_factor=16)
+    in_memory = index_store.build_ivfpq(x, params, nprobe=8)
+    expected = index_store.LoadedIndex(IndexInfo("n", "v", "/p", len(x), 32, "ivfpq"), in_memory, chunks)
+    want = expected.search_rows(x[:20], 10, knobs)
+    rows = np.arange(0, 3000, 97)
+    want_filtered = expected.search_rows(x[:5], 10, knobs, allowed=rows)
+
+    built = index_store.build_ivfpq(x, params, nprobe=8)
+    info = index_store.save(tmp_path / "a", "n", built, chunks, index_type="ivfpq-disk")
+    assert (Path(info.path) / ondisk.LISTS).stat().st_size > 0
+    moved = tmp_path / "b"
+    (tmp_path / "a").rename(moved)
+    info = replace(info, path=str(moved / "n" / info.version))
+
+    loaded = index_store.load(info, ef_search=16)
+    lists = faiss.extract_index_ivf(loaded.index).invlists
+    assert isinstance(faiss.downcast_InvertedLists(lists), faiss.OnDiskInvertedLists)
+    assert loaded.search_rows(x[:20], 10, knobs) == want
+    assert loaded.search_rows(x[:5], 10, knobs, allowed=rows) == want_filtered
+    index, read_chunks = index_store.read_version(info)  # what the next version is built from
+    assert index.ntotal == len(x) and len(read_chunks) == len(x)
+
+
+@pytest.mark.integration
+def test_ingest_builds_ivfpq_disk_and_serves_the_planted_passage(
+    settings: Settings, corpus: Path, embedder: Embedder
+) -> None:
+    from workers.retrieval.ingest import ingest
+
+    name = f"disk-{uuid.uuid4().hex[:8]}"
+    report = ingest(
+        settings, [corpus], index_name=name, index_type="ivfpq-disk", embedder=embedder, progress=False
+    )
+    assert report.info.index_type == "ivfpq-disk"
+    assert "ivfpq-disk" in report.estimates and report.bytes_per_vector > 0
+    loaded = index_store.load(report.info, ef_search=16)
+    query = embedder.encode(["When does Café Lumière open?"])
+    hits = loaded.search(query, 3, index_store.SearchKnobs(refine_k_factor=1000))
+    assert "Lumière" in hits[0][0][0].text
