@@ -42,6 +42,11 @@ async function loadIndexes() {
     show("message", `Cannot reach the server: ${err.message}`);
     return;
   }
+  if (response.status === 401 && !$("key").value.trim()) {
+    // A first visit, not a refusal: nothing was entered yet.
+    show("message", 'Enter an API key (made with "ragline keys create") to see the indexes and ask.');
+    return;
+  }
   if (!response.ok) {
     show("message", await explain(response));
     return;

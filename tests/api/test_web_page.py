@@ -96,11 +96,14 @@ def test_page_streams_an_answer_with_its_sources(
 
 
 def test_page_says_why_a_request_was_refused(
-    auth_apis: list[Api], settings: Settings, browser: WebDriver, tmp_path: Path
+    auth_apis: list[Api], settings: Settings, browser: WebDriver, tmp_path: Path, test_index: str
 ) -> None:
     base = auth_apis[0].base
     browser.get(base + "/")
-    assert "API key was refused" in _message(browser)  # 401: no key yet
+    assert "Enter an API key" in _message(browser)  # no key yet: what to do, not a refusal
+    browser.find_element(By.ID, "key").send_keys("rl_not-a-key", Key.TAB)  # fires its change
+    _wait(browser).until(lambda b: "API key was refused" in b.find_element(By.ID, "message").text)
+    browser.find_element(By.ID, "key").clear()
 
     # A key with one request in its bucket: the index list spends it, the question gets 429.
     key, _ = apikeys.create(
