@@ -153,9 +153,12 @@ def _interrupt(signum: int, frame: object) -> None:
 def interrupt_on_signals() -> None:
     """SIGTERM (a container runtime, ``timeout``, systemd) and SIGHUP (a closed terminal) unwind
     like Ctrl-C, so the ``finally``/``with`` that started children stops them; by default both
-    would end this process at once and leave its children, each in a session of its own, running."""
+    would end this process at once and leave its children, each in a session of its own, running.
+    SIGINT too, even where it arrived ignored: a shell without job control starts a background
+    command (``ragline up &`` in a script) with SIGINT ignored, and Python keeps that."""
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @contextlib.contextmanager

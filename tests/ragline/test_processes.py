@@ -219,3 +219,24 @@ def test_a_program_under_timeout_stops_its_children() -> None:
     assert proc.wait(15) == 124
     _gone, alive = psutil.wait_procs(family, timeout=5)
     assert not alive, [p.cmdline() for p in alive]
+
+
+def test_sigint_stops_a_program_started_with_it_ignored() -> None:
+    """A shell without job control starts ``ragline up &`` with SIGINT ignored; Ctrl-C's signal,
+    sent by hand, still stops it and its children."""
+
+    def ignore_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    proc = subprocess.Popen(
+        _program("with sup:\n        time.sleep(60)"),
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path.cwd(),
+        preexec_fn=ignore_sigint,
+    )
+    family = _started(proc)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(15)
+    _gone, alive = psutil.wait_procs(family, timeout=5)
+    assert not alive, [p.cmdline() for p in alive]
