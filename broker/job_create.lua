@@ -6,8 +6,9 @@
 -- job index (sorted set: job id -> created, unix s)
 -- ARGV[1] job id, ARGV[2] job ttl s, ARGV[3] idempotency ttl s, ARGV[4] "1" to use the key,
 -- ARGV[5] records per owner, ARGV[6] now, ARGV[7] job key prefix ("<prefix>:job:"),
--- ARGV[8..] field, value, ...
--- Returns {1, job_id} when created, {0, existing_job_id} on a replay.
+-- ARGV[8] the owner's cap on unfinished jobs (0: none), ARGV[9..] field, value, ...
+-- KEYS[4] the owner's jobs not yet seen finished (sorted set: job id -> created, unix s)
+-- Returns {1, job_id} when created, {0, existing_job_id} on a replay, {-1, ""} past the cap.
 if ARGV[4] == "1" then
   local existing = redis.call("GET", KEYS[2])
   if existing then
@@ -15,7 +16,28 @@ if ARGV[4] == "1" then
   end
   redis.call("SET", KEYS[2], ARGV[1], "EX", ARGV[3])
 end
-redis.call("HSET", KEYS[1], unpack(ARGV, 8))
+
+local open, cap = KEYS[4], tonumber(ARGV[8])
+if cap > 0 then
+  -- A job leaves the set here, once its record is final or gone: no worker, cancel or expiry
+  -- has to remember to take it out.
+  for _, id in ipairs(redis.call("ZRANGE", open, 0, -1)) do
+    local status = redis.call("HGET", ARGV[7] .. id, "status")
+    if not status or status == "done" or status == "failed" or status == "cancelled" then
+      redis.call("ZREM", open, id)
+    end
+  end
+  if redis.call("ZCARD", open) >= cap then
+    if ARGV[4] == "1" then
+      redis.call("DEL", KEYS[2]) -- set above, in this same step: a retry with the key starts afresh
+    end
+    return {-1, ""}
+  end
+  redis.call("ZADD", open, ARGV[6], ARGV[1])
+  redis.call("EXPIRE", open, ARGV[2])
+end
+
+redis.call("HSET", KEYS[1], unpack(ARGV, 9))
 redis.call("EXPIRE", KEYS[1], ARGV[2])
 
 local index, budget = KEYS[3], tonumber(ARGV[5])

@@ -44,6 +44,7 @@ from broker.contract import (
     decode_sources,
 )
 from broker.keys import Keys
+from broker.leases import UNFINISHED_JOBS, CapReached
 from broker.settings import JobSettings, RedisSettings
 
 STAGES = ("queued", "retrieving", "generating", "ingesting")
@@ -227,7 +228,8 @@ class AsyncJobStore:
     async def create(self, record: dict[str, str], *, idempotency: str | None) -> tuple[bool, str]:
         """Store ``record``; with an idempotency digest, returns (False, existing id) on a replay.
         The owner keeps at most ``job_records_per_key`` records: a create past it removes the
-        owner's oldest finished ones that have nothing left to deliver."""
+        owner's oldest finished ones that have nothing left to deliver. :class:`CapReached` when
+        the owner already has ``key_max_unfinished_jobs`` jobs queued or running (nothing stored)."""
         job_id = record["id"]
         s = self._jobs
         created, found = await self._create(
@@ -235,6 +237,7 @@ class AsyncJobStore:
                 self._keys.job(job_id),
                 self._keys.idempotency(idempotency or "-"),
                 self._keys.jobs_of(record["owner"]),
+                self._keys.open_jobs(record["owner"]),
             ],
             args=[
                 job_id,
@@ -244,9 +247,12 @@ class AsyncJobStore:
                 s.job_records_per_key,
                 repr(time.time()),
                 self._keys.job(""),
+                s.key_max_unfinished_jobs,
                 *_flat(record),
             ],
         )
+        if int(created) < 0:
+            raise CapReached(UNFINISHED_JOBS, s.key_max_unfinished_jobs)
         return bool(int(created)), found.decode() if isinstance(found, bytes) else found
 
     async def load(self, job_id: str) -> dict[str, str] | None:

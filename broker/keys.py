@@ -60,6 +60,14 @@ class Keys:
         """Sorted set: a principal's job ids -> creation time, for its record budget."""
         return f"{self.prefix}:jobs:{principal}"
 
+    def open_jobs(self, principal: str) -> str:
+        """Sorted set: a principal's jobs not yet seen finished -> creation time, for its cap."""
+        return f"{self.prefix}:jobs-open:{principal}"
+
+    def leases(self, kind: str, principal: str) -> str:
+        """Sorted set: a principal's leases of one kind (requests, streams) -> expiry (unix ms)."""
+        return f"{self.prefix}:lease:{kind}:{principal}"
+
     def idempotency(self, digest: str) -> str:
         """String: the job id an Idempotency-Key maps to (digest: sha256 of principal and key)."""
         return f"{self.prefix}:idem:{digest}"
