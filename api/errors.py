@@ -25,11 +25,18 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import Scope
 
+from broker import metrics
+from broker.leases import CapReached
+
 log = logging.getLogger(__name__)
 
 # How soon a client may retry after Redis failed it: a restarting Redis is back within seconds.
 REDIS_RETRY_AFTER_S = 1
 
+
+# How soon a key past one of its caps may retry: a slot frees when any of its requests, streams
+# or jobs ends, and which one ends first is not known here.
+KEY_CAP_RETRY_AFTER_S = 1
 
 # Paths whose errors take OpenAI's shape (its clients read nothing else).
 OPENAI_PATHS = ("/v1/chat/", "/v1/models")
@@ -84,6 +91,9 @@ def api_error(exc: BaseException) -> ApiError:
         return exc
     if isinstance(exc, RequestValidationError | ValidationError):
         return invalid(list(exc.errors()))  # type: ignore[arg-type]
+    if isinstance(exc, CapReached):  # the key holds all it may: other keys are still served
+        metrics.REJECTIONS.labels("key_cap").inc()
+        return ApiError(429, "key_cap", str(exc), headers={"Retry-After": str(KEY_CAP_RETRY_AFTER_S)})
     if isinstance(exc, ClientDisconnect):  # nobody is left to read the answer
         return ApiError(499, "client_closed", "the client closed the request")
     if isinstance(exc, HTTPException):  # the framework's own: an unknown route, a wrong method
@@ -153,5 +163,5 @@ def install(app: FastAPI) -> None:
     async def handle(request: Request, exc: Exception) -> Response:
         return error_response(exc, request_id_of(request.scope), path=request.url.path)
 
-    for kind in (ApiError, HTTPException, RequestValidationError, redis.RedisError):
+    for kind in (ApiError, HTTPException, RequestValidationError, redis.RedisError, CapReached):
         app.add_exception_handler(kind, handle)

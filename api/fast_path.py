@@ -52,6 +52,7 @@ class FastPath:
                 content_type=content_type,
                 deadline_ms=deadline_ms,
                 single_flight=True,
+                principal=state.get("principal", "anonymous"),
             )
             answer = await json_answer(pipeline, ctx)
         except Exception as exc:

@@ -14,7 +14,7 @@ One run on this machine (its own Redis database, flushed at start; ~10-12 minute
 4. On: ``--factor`` × capacity for ``--duration`` s from 4 keys (one sends 40%, its key is
    rate-limited to 1.25× capacity; the others 20% each), every request with a deadline of 1.5×
    the unloaded P99; half of them allow a degraded (retrieval-only) answer, half do not.
-5. Off: the same load with admission control and rate limits off.
+5. Off: the same load with admission control, rate limits and per-key caps off.
 
 The load generator is open-loop (``bench/openloop.py``): requests leave on schedule, whatever
 the server does. On 2 shared cores the processes get the CPU in the order they would get
@@ -95,8 +95,10 @@ class Stack:
     def start_api(self, *, admission: bool) -> str:
         s = self.settings
         port = processes.free_port()
+        # Off: nothing refuses, the per-key caps on waiting requests included.
+        caps = {} if admission else {"key_max_requests": 0, "key_max_streams": 0}
         env = settings_env(
-            s.replace(api_port=port, admission_enabled=admission, rate_limit_enabled=admission)
+            s.replace(api_port=port, admission_enabled=admission, rate_limit_enabled=admission, **caps)
         )
         self.start("api", processes.api_command(s.replace(api_port=port).api), env)
         base = f"http://127.0.0.1:{port}"

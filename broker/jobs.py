@@ -44,6 +44,7 @@ from broker.contract import (
     decode_sources,
 )
 from broker.keys import Keys
+from broker.leases import UNFINISHED_JOBS, CapReached
 from broker.oom_script import AsyncStateScript, StateScript
 from broker.settings import JobSettings, RedisSettings
 
@@ -230,7 +231,8 @@ class AsyncJobStore:
         """Store ``record``; with an idempotency digest, returns (False, existing id) on a replay.
         The owner keeps at most ``job_records_per_key`` records and ``job_record_bytes_per_key``
         bytes of finished ones: a create past either removes the owner's oldest finished ones
-        that have nothing left to deliver."""
+        that have nothing left to deliver. :class:`CapReached` when the owner already has
+        ``key_max_unfinished_jobs`` jobs queued or running (nothing stored)."""
         job_id = record["id"]
         s = self._jobs
         created, found = await self._create(
@@ -239,6 +241,7 @@ class AsyncJobStore:
                 self._keys.idempotency(idempotency or "-"),
                 self._keys.jobs_of(record["owner"]),
                 self._keys.job_bytes_of(record["owner"]),
+                self._keys.open_jobs(record["owner"]),
             ],
             args=[
                 job_id,
@@ -249,9 +252,12 @@ class AsyncJobStore:
                 repr(time.time()),
                 self._keys.job(""),
                 s.job_record_bytes_per_key,
+                s.key_max_unfinished_jobs,
                 *_flat(record),
             ],
         )
+        if int(created) < 0:
+            raise CapReached(UNFINISHED_JOBS, s.key_max_unfinished_jobs)
         return bool(int(created)), found.decode() if isinstance(found, bytes) else found
 
     async def load(self, job_id: str) -> dict[str, str] | None:

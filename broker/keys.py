@@ -65,6 +65,14 @@ class Keys:
         """Hash: a principal's finished job ids -> each record's bytes, and ``total`` (its byte budget)."""
         return f"{self.prefix}:jobbytes:{principal}"
 
+    def open_jobs(self, principal: str) -> str:
+        """Sorted set: a principal's jobs not yet seen finished -> creation time, for its cap."""
+        return f"{self.prefix}:jobs-open:{principal}"
+
+    def leases(self, kind: str, principal: str) -> str:
+        """Sorted set: a principal's leases of one kind (requests, streams) -> expiry (unix ms)."""
+        return f"{self.prefix}:lease:{kind}:{principal}"
+
     def idempotency(self, digest: str) -> str:
         """String: the job id an Idempotency-Key maps to (digest: sha256 of principal and key)."""
         return f"{self.prefix}:idem:{digest}"

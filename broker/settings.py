@@ -271,6 +271,13 @@ class ApiSettings(_Group):
     key_burst: int = 40
     global_rate_per_s: float = 2000.0
     global_burst: int = 4000
+    # Per-key caps on what one key holds at once, across every API process (leases in Redis,
+    # broker/leases.py); past one, 429 `key_cap` with Retry-After. 0: no cap. Requests waiting
+    # for an answer (cache hits hold nothing) and open SSE streams each hold one of a process's
+    # 512 pooled Redis connections for their XREAD loop: both caps together stay well under it,
+    # so one key cannot take a process's pool from the others.
+    key_max_requests: int = 256
+    key_max_streams: int = 128
     # Backpressure: admit a request only if its predicted wait (the work ahead of it and its own,
     # from measured service times at the concurrency it would join) meets its deadline; else
     # answer retrieval-only (degraded) or 503 with Retry-After.
@@ -322,6 +329,9 @@ class JobSettings(_Group):
     job_records_per_key: int = 1000
     # Bytes of finished records kept per API key, the same way (a record is counted once final).
     job_record_bytes_per_key: int = 16 * 1024 * 1024
+    # Jobs (queries and ingests) one API key may have queued or running at once; past it a new
+    # one gets 429 `key_cap` with Retry-After, until one finishes. 0: no cap.
+    key_max_unfinished_jobs: int = 100
     # An Idempotency-Key maps to its job for this long.
     idempotency_ttl_s: int = 24 * 3600
     job_metadata_max_bytes: int = 4096

@@ -1,6 +1,6 @@
 """The query pipeline: every query endpoint runs the same named steps over one request context.
 
-    validate → result cache → admission → enqueue or coalesce → relay events → (render)
+    validate → result cache → admission → hold → enqueue or coalesce → relay events → (render)
 
 ``POST /v1/query`` renders the events as one JSON answer, ``POST /v1/query/stream`` as server-sent
 events, ``POST /v1/jobs`` as a job record (the tasks write it, so a job stops after enqueueing);
@@ -18,6 +18,10 @@ see :mod:`api.render`. Each step is a method that reads and fills the :class:`Qu
   claims a computation only for a request that will be computed; it is applied after it, since
   a hit touches no queue and is served whatever the load. A degraded request looks its
   retrieval answer up in turn.
+- **hold**: a request that will wait for events takes one of its key's leases (one of its
+  streams for SSE, resumes included, else one of its requests; :mod:`broker.leases`), 429
+  ``key_cap`` past the key's cap; it is let go when the events end or the response does. A
+  cache hit holds nothing; a job is capped where its record is created instead.
 - **enqueue or coalesce**: a follower of a single flight enqueues nothing; everything else goes
   to the coalescer (:mod:`api.coalescer`), which sends concurrent queries as one retrieval task.
 - **relay events**: the request's event stream (a follower's: its leader's), each ``done``

@@ -19,12 +19,18 @@ from broker.cancel import arequest_cancel
 from broker.contract import RetrieveRequest, RetrieveTask
 from broker.events import Event, read_events
 from broker.keys import Keys
+from broker.leases import Leases
 from broker.queues import RETRIEVAL_QUEUE, RETRIEVE_TASK
 from broker.result_cache import ResultCache
 from broker.settings import Settings
 from broker.task_push import QueuePusher, task_message
 
 _ENQUEUE_TIMEOUT_S = 5.0
+_LEASE_TIMEOUT_S = 2.0
+# A lease outlives the longest a request may hold it (its wait for events is cut off at the
+# request timeout; before it, the coalescer's hold and the enqueue take seconds at most), so only
+# a lease whose API process died expires while still listed.
+_LEASE_MARGIN_S = 30.0
 
 
 class RetrievalWorkers:
@@ -128,6 +134,9 @@ class Connected:
             index_version=index_version,
             cancel=cancel,
             owners=StreamOwners(redis, keys, ttl_s=settings.redis.event_stream_ttl_s),
+            leases=Leases(
+                redis, keys, ttl_s=api.request_timeout_s + _LEASE_MARGIN_S, timeout_s=_LEASE_TIMEOUT_S
+            ),
             retrieval_workers=RetrievalWorkers(redis, keys, settings.redis.worker_heartbeat_ttl_s),
         )
 

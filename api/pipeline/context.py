@@ -9,6 +9,7 @@ from typing import Generic, Literal, TypeVar
 from api.admission import ADMIT, Decision
 from api.protocol import QueryRequest
 from broker.contract import ChatTurn, Degradation, MetadataFilter, RetrievalMode, Sampling
+from broker.leases import Lease
 
 R = TypeVar("R", bound=QueryRequest)
 Mode = Literal["rag", "retrieval"]
@@ -59,6 +60,8 @@ class QueryContext(Generic[R]):
     query: Query | None  # its query; mode "retrieval" once degraded (None only for a resume)
     deadline_s: float
     single_flight: bool = False  # identical concurrent requests share one computation
+    principal: str = "anonymous"  # the caller's key id: whose caps the request counts against
+    streamed: bool = False  # answered as server-sent events: it holds one of its key's streams
     job_id: str | None = None  # an async job: its tasks mirror their events into its record
     started: float = field(default_factory=time.perf_counter)
     decision: Decision = ADMIT
@@ -66,6 +69,7 @@ class QueryContext(Generic[R]):
     cached: bytes | None = None  # a cached answer's JSON (stored without a request id)
     slot: CacheSlot | None = None
     source_id: str = ""  # the stream whose events answer this request (a follower's: its leader's)
+    lease: Lease | None = None  # one of its key's requests or streams, held until it ends
 
     @property
     def asked(self) -> Query:

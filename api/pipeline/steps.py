@@ -21,6 +21,7 @@ from broker import metrics
 from broker.contract import Done, Error, RetrieveRequest, Sources, filter_key
 from broker.events import Event, EventTimeout
 from broker.keys import Keys
+from broker.leases import REQUESTS, STREAMS, Lease
 from broker.normalize import query_digest
 from broker.result_cache import Lookup, Outcome
 from broker.settings import ApiSettings, GenerationSettings, RetrievalSettings
@@ -55,6 +56,13 @@ IndexVersion = Callable[[str], Awaitable[str | None]]
 Cancel = Callable[[str], Awaitable[None]]
 
 
+class KeyLeases(Protocol):
+    """What the pipeline needs of :class:`broker.leases.Leases`."""
+
+    async def acquire(self, kind: str, principal: str, cap: int) -> Lease: ...
+    async def release(self, lease: Lease) -> None: ...
+
+
 class StreamOwners(Protocol):
     """Who asked for each resumable stream: only they may read it again."""
 
@@ -81,6 +89,7 @@ class Pipeline:
         index_version: IndexVersion,
         cancel: Cancel,
         owners: StreamOwners,
+        leases: KeyLeases,
         retrieval_workers: Callable[[], int] = lambda: 1,
     ) -> None:
         self._settings = settings
@@ -94,6 +103,7 @@ class Pipeline:
         self._index_version = index_version
         self._cancel = cancel
         self._owners = owners
+        self._leases = leases
         self._keys = keys
         self._background: set[asyncio.Task[object]] = set()
         self.coalescer: Coalescer[RetrieveRequest] = Coalescer(
@@ -114,15 +124,29 @@ class Pipeline:
         content_type: str | None = None,
         deadline_ms: str | None = None,
         single_flight: bool = False,
+        principal: str = "anonymous",
+        streamed: bool = False,
     ) -> QueryContext[R]:
         """The request as the pipeline's context, or a 4xx naming what is wrong (no I/O)."""
         request = parse_body(body, model, content_type)
         return self.context(
-            request, request_id=request_id, deadline_ms=deadline_ms, single_flight=single_flight
+            request,
+            request_id=request_id,
+            deadline_ms=deadline_ms,
+            single_flight=single_flight,
+            principal=principal,
+            streamed=streamed,
         )
 
     def context(
-        self, request: R, *, request_id: str, deadline_ms: str | None = None, single_flight: bool = False
+        self,
+        request: R,
+        *,
+        request_id: str,
+        deadline_ms: str | None = None,
+        single_flight: bool = False,
+        principal: str = "anonymous",
+        streamed: bool = False,
     ) -> QueryContext[R]:
         """The validate step past the body's types: for an endpoint that reads a body of its own
         shape and builds the query request from it."""
@@ -132,6 +156,8 @@ class Pipeline:
             query=query_of(request, self._settings, self._retrieval, self._generation),
             deadline_s=deadline_s(deadline_ms, self._settings),
             single_flight=single_flight,
+            principal=principal,
+            streamed=streamed,
         )
 
     async def result_cache(self, ctx: QueryContext[Any]) -> None:
@@ -172,6 +198,29 @@ class Pipeline:
         ctx.query = replace(ctx.asked, mode="retrieval")
         if use_cache:
             await self.result_cache(ctx)
+
+    async def hold(self, ctx: QueryContext[Any]) -> None:
+        """Take one of the caller's streams (an SSE request) or requests for as long as the
+        request lasts; 429 past its key's cap (:class:`~broker.leases.CapReached`), and a
+        single-flight claim this request made is let go. A cache hit never gets here: it holds
+        nothing."""
+        s = self._settings
+        kind, cap = (STREAMS, s.key_max_streams) if ctx.streamed else (REQUESTS, s.key_max_requests)
+        if cap <= 0:
+            return
+        try:
+            ctx.lease = await self._leases.acquire(kind, ctx.principal, cap)
+        except BaseException:
+            self._release(ctx)
+            raise
+
+    def let_go(self, ctx: QueryContext[Any]) -> None:
+        """Release the request's lease, if it holds one (idempotent; callable from a closing
+        generator or a finishing response)."""
+        lease, ctx.lease = ctx.lease, None
+        if lease is not None:
+            # A release that fails leaves the lease to expire on its own.
+            self._soon(self._leases.release(lease), "lease release")
 
     async def enqueue(self, ctx: QueryContext[Any]) -> None:
         """Send the request to retrieval, coalesced with the queries in flight; a follower of a
@@ -226,6 +275,7 @@ class Pipeline:
             if watching:
                 self._settle(ctx.request_id)
             self._remember(ctx, sources, answer)
+            self.let_go(ctx)
 
     # -- composition ----------------------------------------------------------------------------
 
@@ -237,7 +287,12 @@ class Pipeline:
         if ctx.cached is None:
             await self.admission(ctx)
         if ctx.cached is None:
-            await self.enqueue(ctx)
+            await self.hold(ctx)
+            try:
+                await self.enqueue(ctx)
+            except BaseException:
+                self.let_go(ctx)
+                raise
 
     def decide(self, ctx: QueryContext[Any]) -> Decision:
         """Admission's decision for the request (no I/O); :meth:`admission` applies it."""
@@ -255,11 +310,22 @@ class Pipeline:
             log.warning("%s: could not record the stream's owner", request_id, exc_info=True)
 
     async def resumed(self, request_id: str, owner: str) -> QueryContext[QueryRequest]:
-        """A context for reading an existing request's stream again (no query, no cache); 404 at
-        once for an id that is unknown, gone, or another caller's (the two look the same)."""
+        """A context for reading an existing request's stream again (no query, no cache), holding
+        one of the caller's streams; 404 at once for an id that is unknown, gone, or another
+        caller's (the two look the same), 429 past the caller's cap on streams."""
         if await self._owners.owner_of(request_id) != owner:
             raise ApiError(404, "not_found", f"no stream {request_id!r} of yours to resume")
-        return QueryContext(request_id, request=None, query=None, deadline_s=0.0, source_id=request_id)
+        ctx: QueryContext[QueryRequest] = QueryContext(
+            request_id,
+            request=None,
+            query=None,
+            deadline_s=0.0,
+            source_id=request_id,
+            principal=owner,
+            streamed=True,
+        )
+        await self.hold(ctx)
+        return ctx
 
     def cached_json(self, ctx: QueryContext[Any]) -> bytes:
         """The cached answer as this request's JSON response (with its degradation, if any)."""

@@ -9,7 +9,7 @@ Errors take OpenAI's shape on these paths (:mod:`api.errors`).
 from __future__ import annotations
 
 from fastapi import APIRouter, Header, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from api.errors import ApiError
 from api.openai_protocol import (
@@ -24,6 +24,7 @@ from api.pipeline.validate import parse_body
 from api.protocol import json_body
 from api.render_openai import chat_completion, chat_stream
 from api.routers.deps import DEADLINE, pipeline_of, principal_of
+from api.sse import EventStream
 from broker import indexes
 from broker.keys import Keys
 
@@ -68,6 +69,8 @@ async def chat_completions(
             request_id=request.state.request_id,
             deadline_ms=deadline_ms,
             single_flight=not chat.stream,
+            principal=principal_of(request),
+            streamed=chat.stream,
         )
         if not chat.stream:
             body = await chat_completion(pipeline, ctx, model=chat.model)
@@ -79,9 +82,9 @@ async def chat_completions(
     except ApiError as exc:
         raise _chat_error(exc) from None
     request.state.answered_as = ctx.answered_as
-    return StreamingResponse(
+    return EventStream(
         chat_stream(pipeline, ctx, model=chat.model),
-        media_type="text/event-stream",
+        on_close=lambda: pipeline.let_go(ctx),
         headers={**_SSE_HEADERS, "X-Request-Id": ctx.request_id},
     )
 
@@ -89,7 +92,7 @@ async def chat_completions(
 @router.get("/chat/completions/{completion_id}/stream", responses=_SSE)
 async def resume_chat_stream(
     completion_id: str, request: Request, last_event_id: str | None = LAST_EVENT_ID
-) -> StreamingResponse:
+) -> EventStream:
     """A completion's stream again (``completion_id``: its ``id``); with ``Last-Event-ID`` only
     the chunks after that event, then ``[DONE]``."""
     request_id, after = _resume_point(last_event_id, request_id_of(completion_id))
@@ -113,12 +116,12 @@ async def get_model(model: str, request: Request) -> ModelCard:
     return ModelCard.of(info)
 
 
-async def _resumed(request: Request, request_id: str, after: str, *, model: str = "") -> StreamingResponse:
+async def _resumed(request: Request, request_id: str, after: str, *, model: str = "") -> EventStream:
     pipeline = pipeline_of(request)
     ctx = await pipeline.resumed(request_id, principal_of(request))
-    return StreamingResponse(
+    return EventStream(
         chat_stream(pipeline, ctx, model=model, after=after),
-        media_type="text/event-stream",
+        on_close=lambda: pipeline.let_go(ctx),
         headers={**_SSE_HEADERS, "X-Request-Id": request_id},
     )
 

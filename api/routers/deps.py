@@ -25,9 +25,14 @@ def principal_of(request: Request) -> str:
 
 
 async def validated(
-    request: Request, model: type[R], deadline_ms: str | None, *, single_flight: bool = False
+    request: Request,
+    model: type[R],
+    deadline_ms: str | None,
+    *,
+    single_flight: bool = False,
+    streamed: bool = False,
 ) -> QueryContext[R]:
-    """The pipeline's validate step on this request's body and headers."""
+    """The pipeline's validate step on this request's body and headers, for its caller."""
     return pipeline_of(request).validate(
         await request.body(),
         request_id=request.state.request_id,
@@ -35,4 +40,6 @@ async def validated(
         content_type=request.headers.get("content-type"),
         deadline_ms=deadline_ms,
         single_flight=single_flight,
+        principal=principal_of(request),
+        streamed=streamed,
     )

@@ -17,6 +17,7 @@ _ERRORS = {
     409: {"model": ErrorBody},
     413: {"model": ErrorBody},
     422: {"model": ErrorBody},
+    429: {"model": ErrorBody},
     503: {"model": ErrorBody},
 }
 

@@ -6,12 +6,13 @@ Each is a thin adapter: the pipeline's context from the request, the pipeline's 
 from __future__ import annotations
 
 from fastapi import APIRouter, Header, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from api.errors import ApiError
 from api.protocol import ErrorBody, QueryRequest, QueryResponse, json_body
 from api.render import json_answer, sse_answer, sse_events
 from api.routers.deps import DEADLINE, pipeline_of, principal_of, validated
+from api.sse import EventStream
 
 router = APIRouter(prefix="/v1", tags=["query"])
 
@@ -42,21 +43,21 @@ async def query(request: Request, deadline_ms: str | None = DEADLINE) -> Respons
 
 
 @router.post("/query/stream", responses=_SSE, openapi_extra=json_body(QueryRequest))
-async def query_stream(request: Request, deadline_ms: str | None = DEADLINE) -> StreamingResponse:
+async def query_stream(request: Request, deadline_ms: str | None = DEADLINE) -> EventStream:
     """The answer as server-sent events: ``sources``, ``token``…, then ``done`` (or ``error``).
 
     Streams skip single flight: a client resumes by its own request id, so it needs its own stream.
     """
     pipeline = pipeline_of(request)
-    ctx = await validated(request, QueryRequest, deadline_ms)
+    ctx = await validated(request, QueryRequest, deadline_ms, streamed=True)
     await pipeline.start(ctx)  # a refusal is an HTTP status, before the stream begins
     if ctx.cached is None:  # a replayed cached answer has no stream to come back to
         await pipeline.own(ctx.request_id, principal_of(request))
     request.state.answered_as = ctx.answered_as
     assert ctx.request is not None
-    return StreamingResponse(
+    return EventStream(
         sse_answer(pipeline, ctx, abort_on_disconnect=ctx.request.abort_on_disconnect),
-        media_type="text/event-stream",
+        on_close=lambda: pipeline.let_go(ctx),
         headers={**_SSE_HEADERS, "X-Request-Id": ctx.request_id},
     )
 
@@ -64,16 +65,15 @@ async def query_stream(request: Request, deadline_ms: str | None = DEADLINE) -> 
 @router.get("/query/stream/{request_id}", responses=_SSE)
 async def resume_stream(
     request_id: str, request: Request, last_event_id: str | None = Header(default=None)
-) -> StreamingResponse:
+) -> EventStream:
     """Reconnect to a request's stream; with ``Last-Event-ID`` only the events after it are sent."""
     after = last_event_id or "0-0"
     if not _valid_stream_id(after) or not (request_id.isascii() and request_id.isalnum()):
         raise ApiError(422, "invalid_request", "bad request id or Last-Event-ID")
     pipeline = pipeline_of(request)
-    return StreamingResponse(
-        sse_events(pipeline, await pipeline.resumed(request_id, principal_of(request)), after=after),
-        media_type="text/event-stream",
-        headers=_SSE_HEADERS,
+    ctx = await pipeline.resumed(request_id, principal_of(request))
+    return EventStream(
+        sse_events(pipeline, ctx, after=after), on_close=lambda: pipeline.let_go(ctx), headers=_SSE_HEADERS
     )
 
 

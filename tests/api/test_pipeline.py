@@ -23,6 +23,7 @@ from api.render import json_answer, sse_answer
 from broker.contract import Done, Error, RetrieveRequest, Source, Sources, Timings, Token, Usage
 from broker.events import Event, EventTimeout
 from broker.keys import Keys
+from broker.leases import REQUESTS, STREAMS, CapReached, Lease
 from broker.result_cache import Lookup, Outcome
 from broker.settings import Settings
 
@@ -155,6 +156,30 @@ class FakeOwners:
         return self.owners.get(request_id)
 
 
+class FakeLeases:
+    """Each key's leases in a dict; refuses past the cap like broker/leases.py."""
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[str, str], set[str]] = {}
+        self.taken = 0
+
+    async def acquire(self, kind: str, principal: str, cap: int) -> Lease:
+        held = self.held.setdefault((kind, principal), set())
+        if len(held) >= cap:
+            raise CapReached(kind, cap)
+        self.taken += 1
+        lease = Lease(f"{kind}:{principal}", f"lease-{self.taken}")
+        held.add(lease.lease_id)
+        return lease
+
+    async def release(self, lease: Lease) -> None:
+        kind, principal = lease.key.split(":")
+        self.held[(kind, principal)].discard(lease.lease_id)
+
+    def count(self, kind: str, principal: str = "anonymous") -> int:
+        return len(self.held.get((kind, principal), ()))
+
+
 @dataclass
 class Parts:
     pipeline: Pipeline
@@ -163,10 +188,11 @@ class Parts:
     streams: FakeStreams
     admission: FixedAdmission
     cancelled: list[str]
+    leases: FakeLeases
 
 
-def parts(decision: Decision = ADMIT) -> Parts:
-    cache, queue, streams, cancelled = FakeCache(), FakeQueue(), FakeStreams(), []
+def parts(decision: Decision = ADMIT, settings: Settings = SETTINGS) -> Parts:
+    cache, queue, streams, cancelled, leases = FakeCache(), FakeQueue(), FakeStreams(), [], FakeLeases()
     admission = FixedAdmission(decision)
 
     async def index_version(index: str) -> str | None:
@@ -176,7 +202,7 @@ def parts(decision: Decision = ADMIT) -> Parts:
         cancelled.append(request_id)
 
     pipeline = Pipeline(
-        SETTINGS.api,
+        settings.api,
         SETTINGS.retrieval,
         SETTINGS.generation,
         admission,  # type: ignore[arg-type]
@@ -187,8 +213,9 @@ def parts(decision: Decision = ADMIT) -> Parts:
         index_version=index_version,
         cancel=cancel,
         owners=FakeOwners(),
+        leases=leases,
     )
-    return Parts(pipeline, cache, queue, streams, admission, cancelled)
+    return Parts(pipeline, cache, queue, streams, admission, cancelled, leases)
 
 
 def context(p: Parts, body: dict[str, Any], *, request_id: str = "r1", **kwargs: Any) -> QueryContext[Any]:
@@ -506,3 +533,73 @@ def test_a_stream_is_resumed_by_its_owner_only() -> None:
             assert refused.value.status == 404  # another's and an unknown one look the same
 
     asyncio.run(go())
+
+
+# -- per-key caps (the hold step) ---------------------------------------------------------------
+
+CAPPED = SETTINGS.replace(key_max_requests=1, key_max_streams=1)
+
+
+def test_a_request_holds_a_lease_while_it_waits_and_lets_go_when_answered() -> None:
+    p = parts(settings=CAPPED)
+    p.streams.answer("r1")
+
+    async def go() -> None:
+        ctx = context(p, {"query": "q"})
+        await p.pipeline.start(ctx)
+        assert p.leases.count(REQUESTS) == 1
+        with pytest.raises(CapReached):  # the key's one request is taken
+            await p.pipeline.start(context(p, {"query": "other"}, request_id="r2"))
+        # The refused request let its single-flight claim go; it enqueued nothing.
+        await p.pipeline.aclose()
+        assert len(p.cache.claims) == 1 and [i.request_id for i in p.queue.sent] == ["r1"]
+        await json_answer(p.pipeline, context(p, {"query": "third"}, request_id="r3", principal="key_b"))
+        async for _ in p.pipeline.relay(ctx):
+            pass
+        await p.pipeline.aclose()
+        assert p.leases.count(REQUESTS) == 0 and p.leases.count(REQUESTS, "key_b") == 0
+
+    p.streams.answer("r3")
+    run(go())
+    assert api_error(CapReached(REQUESTS, 1)).status == 429
+
+
+def test_a_cache_hit_holds_nothing() -> None:
+    p = parts(settings=CAPPED)
+    p.streams.answer("r1")
+    run(answered(p, {"query": "q"}))
+    p.leases.held[(REQUESTS, "anonymous")] = {"someone-else"}  # the key is at its cap
+    hit = run(answered(p, {"query": "q"}, request_id="r2"))
+    assert hit["cached"] is True and p.leases.taken == 1
+
+
+def test_streams_and_resumes_count_against_the_streams_cap() -> None:
+    p = parts(settings=CAPPED)
+    p.streams.answer("r1")
+
+    async def go() -> None:
+        ctx = context(p, {"query": "q"}, single_flight=False, streamed=True)
+        await p.pipeline.start(ctx)
+        await p.pipeline.own("r1", "anonymous")
+        assert (p.leases.count(STREAMS), p.leases.count(REQUESTS)) == (1, 0)
+        with pytest.raises(CapReached):
+            await p.pipeline.resumed("r1", "anonymous")
+        frames = [f async for f in sse_answer(p.pipeline, ctx, abort_on_disconnect=False)]
+        await p.pipeline.aclose()
+        assert len(frames) == 3 and p.leases.count(STREAMS) == 0
+        resumed = await p.pipeline.resumed("r1", "anonymous")
+        assert p.leases.count(STREAMS) == 1
+        p.pipeline.let_go(resumed)  # what the response does when it closes, begun or not
+        p.pipeline.let_go(resumed)  # and again, from the stream's own end: once is released
+        await p.pipeline.aclose()
+        assert p.leases.count(STREAMS) == 0
+
+    run(go())
+
+
+def test_a_request_whose_enqueue_fails_lets_its_lease_go() -> None:
+    p = parts(settings=CAPPED)
+    p.queue.failure = TimeoutError("Redis did not answer an LPUSH within 5.0s")
+    with pytest.raises(ApiError):
+        run(answered(p, {"query": "q"}))
+    assert p.leases.count(REQUESTS) == 0

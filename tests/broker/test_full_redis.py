@@ -35,6 +35,7 @@ BROKER = Path(__file__).parents[2] / "broker"
 # what gives way (caches) or is refused (new work). A new script lands in one list or the other.
 STATE_SCRIPTS = {
     "token_bucket",
+    "lease_acquire",
     "backpressure",
     "heartbeat",
     "result_cache_lookup",

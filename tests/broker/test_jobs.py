@@ -16,6 +16,7 @@ from broker import jobs
 from broker.contract import Cancelled, Done, Error, Source, Sources, Timings, Token, Usage, decode_event
 from broker.events import EventWriter
 from broker.keys import Keys
+from broker.leases import UNFINISHED_JOBS, CapReached
 from broker.settings import Settings
 
 PREFIX = "ragline-test-jobs"
@@ -302,3 +303,31 @@ def test_a_finished_job_stream_lives_the_done_ttl_with_its_owner(client: redis.R
     assert _create(cfg, _record(other, mode="retrieval", webhook=None))[0]
     assert _cancel(cfg.replace(event_stream_done_ttl_s=7), other) == "first"  # the API's cancel
     assert 0 < client.ttl(KEYS.events(other)) <= 7
+
+
+def test_a_key_past_its_unfinished_jobs_cap_is_refused_until_one_finishes(
+    client: redis.Redis, cfg: Settings
+) -> None:
+    capped = cfg.replace(key_max_unfinished_jobs=2)
+    client.delete(KEYS.open_jobs("alice"), KEYS.jobs_of("alice"))
+    first, second, third = (uuid.uuid4().hex for _ in range(3))
+    assert _create(capped, _record(first)) == (True, first)
+    assert _create(capped, _record(second), "digest-2") == (True, second)
+    with pytest.raises(CapReached) as refused:
+        _create(capped, _record(third), "digest-3")
+    assert (refused.value.kind, refused.value.cap) == (UNFINISHED_JOBS, 2)
+    # Nothing of it was stored: no record, and its Idempotency-Key names nothing.
+    assert not client.exists(KEYS.job(third)) and not client.exists(KEYS.idempotency("digest-3"))
+    # A replay of a known key is still answered, at the cap.
+    assert _create(capped, _record(uuid.uuid4().hex), "digest-2") == (False, second)
+    # A job that finishes (here: cancelled) frees its slot; one whose record is gone does too.
+    assert _cancel(capped, first) == "first"
+    assert _create(capped, _record(third), "digest-3") == (True, third)
+    client.delete(KEYS.job(second))
+    fourth = uuid.uuid4().hex
+    assert _create(capped, _record(fourth)) == (True, fourth)
+    assert {m.decode() for m in client.zrange(KEYS.open_jobs("alice"), 0, -1)} == {third, fourth}
+    # Other keys have caps of their own; 0 is no cap.
+    other = _record(uuid.uuid4().hex) | {"owner": "bob"}
+    assert _create(capped, other)[0] is True
+    assert _create(cfg.replace(key_max_unfinished_jobs=0), _record(uuid.uuid4().hex))[0] is True
