@@ -19,12 +19,13 @@ from broker.backpressure import Occupancy
 from broker.celery_app import create_celery
 from broker.contract import Cancelled, ContractError, Done, Error, GenerateTask, Restart, Token, Usage
 from broker.event_batcher import EventBatcher
-from broker.events import EventWriter, FinishedStreamTtl
+from broker.events import EventWriter
 from broker.keys import Keys
 from broker.queues import GENERATE_TASK, GENERATION_QUEUE
 from broker.redis_pool import sync_client
 from broker.settings import get_settings
 from workers import heartbeat, metrics_server
+from workers.finished_streams import finished_ttl
 from workers.generation.engine import EngineHost, EngineUnavailable, GenerationTimeout
 from workers.generation.hf_engine import TransformersEngine
 from workers.generation.model_prep import generation_model_path
@@ -43,21 +44,6 @@ occupancy = Occupancy(generation.max_num_seqs).track(GENERATE_TASK)
 _engine: EngineHost | TransformersEngine | None = None
 _tokenizer: Any = None
 _batcher: EventBatcher | None = None
-
-
-_finished_ttl: FinishedStreamTtl | None = None
-
-
-def finished_ttl() -> FinishedStreamTtl:
-    """This process's one reading of how long a finished stream lives (near the memory limit: briefly)."""
-    global _finished_ttl
-    if _finished_ttl is None:
-        _finished_ttl = FinishedStreamTtl.of(
-            sync_client(settings.redis),
-            settings.redis,
-            max_memory_fraction=settings.retrieval.cache_write_max_memory_fraction,
-        )
-    return _finished_ttl
 
 
 @worker_init.connect(weak=False)

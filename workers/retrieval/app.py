@@ -19,12 +19,13 @@ from broker import documents, indexes, jobs
 from broker.cancel import is_cancelled
 from broker.celery_app import create_celery
 from broker.contract import Cancelled, ContractError, Error, GenerateTask, RetrieveTask, StreamEvent
-from broker.events import EventWriter, FinishedStreamTtl, emit_many, finished
+from broker.events import EventWriter, emit_many, finished
 from broker.keys import Keys
 from broker.queues import GENERATE_TASK, GENERATION_QUEUE, RETRIEVAL_QUEUE, RETRIEVE_TASK
 from broker.redis_pool import sync_client
 from broker.settings import get_settings
 from workers import heartbeat, metrics_server
+from workers.finished_streams import finished_ttl
 from workers.retrieval import index_store
 from workers.retrieval.batch import BatchRetriever, Retrieved
 from workers.retrieval.embedder import Embedder
@@ -43,21 +44,6 @@ metrics_server.install(settings.redis)
 heartbeat.install(app, RETRIEVAL_QUEUE, settings.redis, host_defaults=settings.host_defaults_line())
 
 _retriever: BatchRetriever | None = None
-
-
-_finished_ttl: FinishedStreamTtl | None = None
-
-
-def finished_ttl() -> FinishedStreamTtl:
-    """This process's one reading of how long a finished stream lives (near the memory limit: briefly)."""
-    global _finished_ttl
-    if _finished_ttl is None:
-        _finished_ttl = FinishedStreamTtl.of(
-            sync_client(settings.redis),
-            settings.redis,
-            max_memory_fraction=settings.retrieval.cache_write_max_memory_fraction,
-        )
-    return _finished_ttl
 
 
 def retriever() -> BatchRetriever:
