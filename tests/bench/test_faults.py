@@ -31,7 +31,8 @@ def test_the_json_line_has_exactly_the_issues_keys() -> None:
 
 def test_table_marks_pass_fail_and_not_measured() -> None:
     rows = table([Result("a", 0, True, "x"), Result("b", 0.5, False, "y"), Result("c", None, None, "z")])
-    assert "| a | 0 | yes | x |" in rows and "| b | 0.5 | **no** | y |" in rows and "| c | null | n/a | z |" in rows
+    assert "| a | 0 | yes | x |" in rows and "| b | 0.5 | **no** | y |" in rows
+    assert "| c | null | n/a | z |" in rows
 
 
 def test_joined_tokens_start_again_after_a_restart() -> None:
@@ -55,6 +56,11 @@ def _run(stack: object, name: str) -> Result:
 
 
 needs_stack = [pytest.mark.integration, pytest.mark.vllm]
+# Fixed on the branches that add them, not yet on main.
+WITHOUT_CAPS = pytest.mark.xfail(reason="no per-key cap on open streams yet (branch caps)", strict=False)
+WITHOUT_BUDGETS = pytest.mark.xfail(
+    reason="no byte budget for the result cache yet, workers fail on OOM (branch budgets)", strict=False
+)
 
 
 @pytest.mark.parametrize(
@@ -65,20 +71,8 @@ needs_stack = [pytest.mark.integration, pytest.mark.vllm]
         pytest.param("worker_kill_stream_ok", marks=needs_stack),
         pytest.param("fuzz_5xx", marks=needs_stack),
         pytest.param("redis_restart_lost_jobs", marks=needs_stack),
-        pytest.param(
-            "pool_exhaustion_success",
-            marks=[
-                *needs_stack,
-                pytest.mark.xfail(reason="per-key caps on open streams (branch caps) not merged", strict=False),
-            ],
-        ),
-        pytest.param(
-            "redis_memory_levels_off",
-            marks=[
-                *needs_stack,
-                pytest.mark.xfail(reason="the result cache's byte budget (branch budgets) not merged", strict=False),
-            ],
-        ),
+        pytest.param("pool_exhaustion_success", marks=[*needs_stack, WITHOUT_CAPS]),
+        pytest.param("redis_memory_levels_off", marks=[*needs_stack, WITHOUT_BUDGETS]),
     ],
 )
 def test_scenario_holds(stack: object, name: str) -> None:
