@@ -510,13 +510,14 @@ def redis_restart(stack: FaultStack, d: Durations, down_s: float = 3.0) -> Resul
         stop.set()
         for t in loops:
             t.join(300)
-        died = [c.name for c in stack.supervisor.children if c.proc.poll() is not None]
         views = {job_id: wait_job(client, job_id, headers, 180) for job_id in accepted}
         deadline = time.monotonic() + 60
         while len(receiver.paths()) < len(accepted) and time.monotonic() < deadline:
             time.sleep(0.5)
         time.sleep(3)  # a late duplicate would come now
         deliveries = receiver.delivery_counts()
+        died = [c.name for c in stack.supervisor.children if c.proc.poll() is not None]
+        died += [f"{k} (no heartbeat)" for k in stack.stale_workers()]
     lost = [j for j, v in views.items() if v.get("status") != "done"]
     duplicates = sum(n - 1 for n in deliveries.values() if n > 1)
     undelivered = len(accepted) - len(receiver.paths())
@@ -527,7 +528,8 @@ def redis_restart(stack: FaultStack, d: Durations, down_s: float = 3.0) -> Resul
         f"Redis down {down_s:g} s; {len(accepted)} jobs accepted, lost {len(lost)}"
         + (f" ({Counter(views[j].get('status', '404') for j in lost)})" if lost else "")
         + f", webhooks duplicated {duplicates}, missing {undelivered}; responses {dict(statuses)}; "
-        f"streams without one final event {cut}/{len(streams)}; recovered {recovered:.1f} s after restart"
+        f"streams without one final event {cut}/{len(streams)}; queries answered again "
+        f"{recovered:.1f} s after the restart"
         + (f"; did not survive the outage: {', '.join(died)}" if died else "")
     )
     return Result("redis_restart_lost_jobs", len(lost), ok, detail)

@@ -212,6 +212,34 @@ class FaultStack:
             self.wait_ready()
         return [c.name for c in dead]
 
+    def stale_workers(self) -> list[str]:
+        """Workers whose process runs but that have no fresh heartbeat (they stopped consuming)."""
+        since = time.time() - self.settings.redis.worker_heartbeat_ttl_s
+        running = {c.name for c in self.supervisor.children if c.proc.poll() is None}
+        try:
+            return [
+                k
+                for k in WORKERS
+                if k in running and not self.redis.zcount(self.keys.workers(k), since, "+inf")
+            ]
+        except redis.RedisError:
+            return []
+
+    def heal(self, grace_s: float = 45) -> list[str]:
+        """After a fault: start again what exited, and what still runs but stays stale for
+        ``grace_s`` (a worker that never reconnected); returns what was restarted."""
+        restarted = self.revive()
+        deadline = time.monotonic() + grace_s
+        while (stale := self.stale_workers()) and time.monotonic() < deadline:
+            time.sleep(1.0)
+        for kind in stale:
+            self.kill(kind)
+            self.start_worker(kind)
+            restarted.append(f"{kind} (running, but no heartbeat for {grace_s:.0f} s)")
+        if stale:
+            self.wait_ready()
+        return restarted
+
     def wait_ready(self, timeout_s: float = 600) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -56,7 +56,7 @@ def table(results: list[Result]) -> str:
 
 def run_scenarios(stack, durations: Durations, only: list[str] | None) -> list[Result]:  # type: ignore[no-untyped-def]
     """Each selected scenario in turn; one that raises is reported as failed, and the processes
-    a fault left dead are started again before the next."""
+    a fault left dead or hung are started again before the next."""
     results: list[Result] = []
     for name, scenario in iter_selected(only):
         began = time.monotonic()
@@ -68,7 +68,7 @@ def run_scenarios(stack, durations: Durations, only: list[str] | None) -> list[R
             result = Result(name, None, False, f"raised {type(exc).__name__}: {exc}"[:300])
         print(f"  {result.detail} ({time.monotonic() - began:.0f} s)", flush=True)
         results.append(result)
-        revived = stack.revive()
+        revived = stack.heal()
         if revived:
             print(f"  started again: {', '.join(revived)}", flush=True)
     return results

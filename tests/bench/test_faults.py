@@ -51,7 +51,7 @@ def stack(prepared_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 def _run(stack: object, name: str) -> Result:
     result = SCENARIOS[name](stack, SHORT)  # type: ignore[arg-type]
-    stack.revive()  # type: ignore[attr-defined]
+    stack.heal()  # type: ignore[attr-defined]
     return result
 
 
