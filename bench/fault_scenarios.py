@@ -557,6 +557,13 @@ def worker_kill(stack: FaultStack, d: Durations) -> Result:
         while any(s.tokens == 0 and not s.finals for s in streams) and time.monotonic() < deadline:
             time.sleep(0.02)
         mid = sum(1 for s in streams if s.tokens and not s.finals)
+        if mid == 0:
+            for t in readers:
+                t.join(600)
+            statuses = [s.status for s in streams]
+            return Result(
+                "worker_kill_stream_ok", False, False, f"no client mid-answer to kill under: {statuses}"
+            )
         stack.kill("generation")
         stack.start_worker("generation")
         for t in readers:
@@ -663,6 +670,10 @@ def soak(stack: FaultStack, d: Durations) -> Result:
     capacity = d.capacity
     if capacity is None:
         lone = sequential(url, n=4, body=lambda i: body(10_000 + i), headers=headers)
+        if any(s.outcome != "full" for s in lone):
+            return Result(
+                "soak_rss_growth", None, False, f"lone requests not answered: {[s.status for s in lone]}"
+            )
         latencies = [s.latency for s in lone]
         p50 = percentile(latencies, 50)
         # As bench/overload.py measures it: the highest rate whose P99 stays within 2× the lone P99.

@@ -98,6 +98,7 @@ class FaultStack:
     hung_resolver: bool
     supervisor: processes.Supervisor = field(default_factory=processes.Supervisor)
     _files: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ragline-faults-ns-")))
+    log_offsets: dict[str, int] = field(default_factory=dict)  # name -> its log's size at its start
 
     @property
     def base(self) -> str:
@@ -115,6 +116,7 @@ class FaultStack:
 
     def _start(self, name: str, cmd: list[str], env: dict[str, str], *, last: bool = False) -> None:
         log = (self.logs / f"{name}.log").open("ab")
+        self.log_offsets[name] = log.tell()
         self.supervisor.start(name, cmd, env, stdout=log, last=last)
 
     def _env(self, kind: str) -> dict[str, str]:
@@ -212,15 +214,24 @@ class FaultStack:
             self.wait_ready()
         return [c.name for c in dead]
 
+    def _was_ready(self, name: str) -> bool:
+        """Its Celery consumer came up since its last start (it logs "<name>@<host> ready.")."""
+        with (self.logs / f"{name}.log").open("rb") as log:
+            log.seek(self.log_offsets.get(name, 0))
+            return b" ready." in log.read()
+
     def stale_workers(self) -> list[str]:
-        """Workers whose process runs but that have no fresh heartbeat (they stopped consuming)."""
+        """Workers whose process runs and was ready once, but that have no fresh heartbeat now:
+        they stopped consuming (one still loading its engine is not stale)."""
         since = time.time() - self.settings.redis.worker_heartbeat_ttl_s
         running = {c.name for c in self.supervisor.children if c.proc.poll() is None}
         try:
             return [
                 k
                 for k in WORKERS
-                if k in running and not self.redis.zcount(self.keys.workers(k), since, "+inf")
+                if k in running
+                and self._was_ready(k)
+                and not self.redis.zcount(self.keys.workers(k), since, "+inf")
             ]
         except redis.RedisError:
             return []
@@ -236,8 +247,7 @@ class FaultStack:
             self.kill(kind)
             self.start_worker(kind)
             restarted.append(f"{kind} (running, but no heartbeat for {grace_s:.0f} s)")
-        if stale:
-            self.wait_ready()
+        self.wait_ready()  # a worker a scenario started again may still be loading
         return restarted
 
     def wait_ready(self, timeout_s: float = 600) -> None:
