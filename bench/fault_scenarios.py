@@ -108,7 +108,7 @@ def read_stream(
             stream.status = reply.status_code
             stream.request_id = reply.headers.get("x-request-id", "")
             if reply.status_code != 200:
-                reply.read()
+                stream.error = reply.read().decode(errors="replace")[:200]
                 return stream
             event, data = None, []
             for line in reply.iter_lines():
@@ -560,9 +560,9 @@ def worker_kill(stack: FaultStack, d: Durations) -> Result:
         if mid == 0:
             for t in readers:
                 t.join(600)
-            statuses = [s.status for s in streams]
+            seen = [f"{s.status} {s.error}".strip() for s in streams]
             return Result(
-                "worker_kill_stream_ok", False, False, f"no client mid-answer to kill under: {statuses}"
+                "worker_kill_stream_ok", False, False, f"no client mid-answer to kill under: {seen}"
             )
         stack.kill("generation")
         stack.start_worker("generation")
