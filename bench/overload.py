@@ -118,8 +118,9 @@ class Stack:
         raise TimeoutError("ragline was not ready in time")
 
 
-def ensure_index(settings: Settings) -> None:
-    """pydoc's topics, ingested once into the bench's home; re-registered if Redis lost them."""
+def ensure_index(settings: Settings, index: str = INDEX) -> None:
+    """pydoc's topics, ingested once into the bench's home as ``index``; re-registered if Redis
+    lost them."""
     from broker.redis_pool import sync_client
     from ragline.demo import write_demo_corpus
     from workers.retrieval import index_store
@@ -128,11 +129,11 @@ def ensure_index(settings: Settings) -> None:
     client, keys = sync_client(settings.redis), Keys(settings.redis.key_prefix)
     for info in index_store.current_on_disk(settings.indexes_dir):
         indexes.register(client, keys, info)
-    if indexes.lookup(client, keys, INDEX) is None:
+    if indexes.lookup(client, keys, index) is None:
         with tempfile.TemporaryDirectory() as tmp:
             n = write_demo_corpus(Path(tmp))
             print(f"ingesting {n} pydoc topics (once)", flush=True)
-            ingest(settings, [Path(tmp)], index_name=INDEX, progress=False)
+            ingest(settings, [Path(tmp)], index_name=index, progress=False)
 
 
 def questions() -> list[str]:
