@@ -7,6 +7,7 @@ in the engine at once and it batches them.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -48,22 +49,31 @@ _batcher: EventBatcher | None = None
 
 @worker_init.connect(weak=False)
 def _start_engine(**_: object) -> None:
-    """Build the engine before the worker consumes, so readiness means able to generate."""
+    """Build the engine before the worker consumes, so readiness means able to generate.
+
+    An engine that cannot start (no model, say) ends the process: Celery only logs what a
+    worker_init receiver raises and consumes anyway, so the worker would hand back every task it
+    took, in a loop, while its heartbeat said it was live."""
     global _engine, _tokenizer, _batcher
-    from transformers import AutoTokenizer
+    try:
+        from transformers import AutoTokenizer
 
-    _batcher = EventBatcher(
-        sync_client(settings.redis),
-        keys,
-        ttl_s=settings.redis.event_stream_ttl_s,
-        maxlen=settings.redis.event_stream_maxlen,
-    )
+        _batcher = EventBatcher(
+            sync_client(settings.redis),
+            keys,
+            ttl_s=settings.redis.event_stream_ttl_s,
+            maxlen=settings.redis.event_stream_maxlen,
+        )
 
-    model_path = generation_model_path(settings)
-    _tokenizer = AutoTokenizer.from_pretrained(model_path)
-    engine = TransformersEngine if generation.engine == "transformers" else EngineHost
-    _engine = engine(generation, model_path)
-    _engine.start()
+        model_path = generation_model_path(settings)
+        _tokenizer = AutoTokenizer.from_pretrained(model_path)
+        engine = TransformersEngine if generation.engine == "transformers" else EngineHost
+        _engine = engine(generation, model_path)
+        _engine.start()
+    except Exception:
+        log.critical("the generation engine did not start: exiting before consuming", exc_info=True)
+        logging.shutdown()
+        os._exit(1)
 
 
 @worker_shutting_down.connect(weak=False)
