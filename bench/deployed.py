@@ -46,6 +46,7 @@ from typing import Any
 
 import httpx
 
+from bench.env import share_models
 from bench.openloop import open_loop, percentile
 from bench.retrieval import DEFAULT_DOCS, ensure_index, faq_labels, load_queries
 from broker.settings import Settings
@@ -510,10 +511,7 @@ def run(args: argparse.Namespace) -> int:
     index = QUICK_INDEX if args.quick else INDEX
     if not docs.exists():
         raise SystemExit(f"{docs} not found: apt-get install python3.11-doc")
-    models = args.home / "models"
-    if not models.exists():
-        args.home.mkdir(parents=True, exist_ok=True)
-        models.symlink_to(Settings().models_dir, target_is_directory=True)
+    share_models(args.home)
     # A clean database: no admission history, jobs or tasks left by an earlier run (the index
     # is registered again from disk below).
     import redis

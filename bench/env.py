@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from broker.settings import Settings
 
@@ -17,3 +18,15 @@ def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def share_models(home: Path) -> None:
+    """Point ``home``'s models folder at the default one, so every benchmark home converts the
+    model once. The default folder is made first: a link to nothing reads as absent, and the
+    model's preparation cannot make a folder where the link stands."""
+    models = home / "models"
+    if not models.is_symlink() and not models.exists():
+        home.mkdir(parents=True, exist_ok=True)
+        shared = Settings().models_dir
+        shared.mkdir(parents=True, exist_ok=True)
+        models.symlink_to(shared, target_is_directory=True)

@@ -25,7 +25,7 @@ import httpx
 import psutil
 import redis
 
-from bench.env import settings_env
+from bench.env import settings_env, share_models
 from bench.fault_receivers import silent_dns
 from bench.overload import ensure_index
 from broker import apikeys
@@ -60,10 +60,7 @@ def _bound(path: Path, target: str, cmd: list[str]) -> list[str]:
 
 
 def bench_settings(home: Path, redis_url: str, **overrides: object) -> Settings:
-    models = home / "models"
-    if not models.exists():
-        home.mkdir(parents=True, exist_ok=True)
-        models.symlink_to(Settings().models_dir, target_is_directory=True)
+    share_models(home)
     base: dict[str, object] = {
         "home": home,
         "redis_url": redis_url,

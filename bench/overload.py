@@ -47,7 +47,7 @@ from typing import Any
 import httpx
 import redis
 
-from bench.env import settings_env
+from bench.env import settings_env, share_models
 from bench.openloop import Sample, open_loop, percentile, sequential
 from broker import apikeys, indexes
 from broker.backpressure import priority_lists
@@ -341,10 +341,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
 
-    models = args.home / "models"
-    if not models.exists():
-        args.home.mkdir(parents=True, exist_ok=True)
-        models.symlink_to(Settings().models_dir, target_is_directory=True)
+    share_models(args.home)
     settings = Settings().replace(
         home=args.home,
         redis_url=args.redis_url,
