@@ -7,8 +7,10 @@ event published before the reader attaches is lost, and SSE clients resume with 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -47,24 +49,73 @@ class FinishedStreamTtl:
     """How long a stream lives once its final event is written: ``done_ttl_s``, for a client
     that resumes it (the answer itself is in the job record or the result cache), and only
     ``linger_ttl_s`` while Redis is near its memory limit (the ``guard``'s reading, taken at
-    most once a second), so finished streams give way like caches do."""
+    most once a second), so finished streams give way like caches do.
 
-    def __init__(self, done_ttl_s: int, linger_ttl_s: int, guard: MemoryGuard | None = None) -> None:
+    With a ``client`` it also remembers the streams it gave ``done_ttl_s`` (the last
+    ``remember`` of them), and when the reading turns to near the limit cuts those still within
+    their time to ``linger_ttl_s``: otherwise the streams finished just before the turn hold
+    their memory for all of ``done_ttl_s``, which at a high request rate is most of the limit.
+    Used from a worker's threads."""
+
+    def __init__(
+        self,
+        done_ttl_s: int,
+        linger_ttl_s: int,
+        guard: MemoryGuard | None = None,
+        *,
+        client: redis.Redis | None = None,
+        keys: Keys | None = None,
+        remember: int = 50_000,
+    ) -> None:
         self._done_ttl_s = done_ttl_s
         self._linger_ttl_s = linger_ttl_s
         self._guard = guard
+        self._client = client
+        self._keys = keys
+        self._kept: deque[tuple[float, str]] = deque(maxlen=remember)
+        self._lock = threading.Lock()
 
     @classmethod
     def of(
         cls, client: redis.Redis, streams: RedisSettings, *, max_memory_fraction: float
     ) -> FinishedStreamTtl:
         guard = MemoryGuard(client, "stream", max_fraction=max_memory_fraction)
-        return cls(streams.event_stream_done_ttl_s, streams.event_stream_linger_ttl_s, guard)
+        return cls(
+            streams.event_stream_done_ttl_s,
+            streams.event_stream_linger_ttl_s,
+            guard,
+            client=client,
+            keys=Keys(streams.key_prefix),
+        )
 
-    def seconds(self) -> int:
-        if self._guard is not None and not self._guard.allows_write():
-            return self._linger_ttl_s
-        return self._done_ttl_s
+    def seconds(self, request_ids: Iterable[str] = ()) -> int:
+        """The time to live for the streams of ``request_ids``, about to be finished."""
+        if self._guard is None:
+            return self._done_ttl_s
+        if self._guard.allows_write():
+            if self._client is not None:
+                now = time.monotonic()
+                with self._lock:
+                    self._kept.extend((now, request_id) for request_id in request_ids)
+            return self._done_ttl_s
+        self._cut_kept()
+        return self._linger_ttl_s
+
+    def _cut_kept(self) -> None:
+        horizon = time.monotonic() - self._done_ttl_s
+        with self._lock:
+            kept = [request_id for at, request_id in self._kept if at > horizon]
+            self._kept.clear()
+        if not kept or self._client is None or self._keys is None:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for request_id in kept:  # EXPIRE deletes nothing, so it runs even on a full Redis
+            pipe.expire(self._keys.events(request_id), self._linger_ttl_s)
+            pipe.expire(self._keys.stream_owner(request_id), self._linger_ttl_s)
+        try:
+            pipe.execute()
+        except redis.RedisError:  # they expire at their own time instead
+            log.warning("could not cut %d finished streams to their linger time", len(kept), exc_info=True)
 
 
 class EventWriter:
@@ -101,6 +152,7 @@ class EventWriter:
     ) -> None:
         self._client = client
         self._keys = keys
+        self._request_id = request_id
         self._key = keys.events(request_id)
         self._owner_key = keys.stream_owner(request_id)
         self._ttl_s = ttl_s
@@ -113,7 +165,9 @@ class EventWriter:
         self._expiry_set = False
 
     def _final_ttl_s(self) -> int:
-        return self._ttl_s if self._finished_ttl is None else self._finished_ttl.seconds()
+        if self._finished_ttl is None:
+            return self._ttl_s
+        return self._finished_ttl.seconds([self._request_id])
 
     @property
     def cancelled(self) -> bool:
@@ -196,13 +250,13 @@ def emit_many(
     ttl_s: int,
     maxlen: int,
     completes: tuple[str, int, float] | None = None,
-    finished_ttl_s: int | None = None,
+    finished_ttl: FinishedStreamTtl | None = None,
 ) -> None:
     """Append events for many requests in one round trip (a retrieval batch answers all at once).
 
     ``completes`` = (queue, requests, seconds in the worker): the task these events finish,
     counted for the backpressure monitor in the same round trip. A stream whose last event here
-    is final lives ``finished_ttl_s`` (default ``ttl_s``) from now, the others ``ttl_s``.
+    is final lives as ``finished_ttl`` says (default ``ttl_s``) from now, the others ``ttl_s``.
 
     As one transaction: Redis answers a reader blocked on a stream after each command outside
     one, so a request's ``sources`` would reach its reader alone and its ``done`` take a second
@@ -210,7 +264,6 @@ def emit_many(
     """
     pipe = client.pipeline(transaction=True)
     streams: dict[str, bool] = {}  # request id -> finished
-    finished_ttl = ttl_s if finished_ttl_s is None else finished_ttl_s
     for request_id, event in events:
         pipe.xadd(
             keys.events(request_id),
@@ -219,11 +272,13 @@ def emit_many(
             approximate=True,
         )
         streams[request_id] = event.type in FINAL_EVENTS
+    finishing = [request_id for request_id, final in streams.items() if final]
+    finished_ttl_s = ttl_s if finished_ttl is None else finished_ttl.seconds(finishing)
     # One TTL per stream, not one per event: inside the transaction it counts from the same moment.
     for request_id, final in streams.items():
-        pipe.expire(keys.events(request_id), finished_ttl if final else ttl_s)
+        pipe.expire(keys.events(request_id), finished_ttl_s if final else ttl_s)
         if final:  # who may resume it goes with it
-            pipe.expire(keys.stream_owner(request_id), finished_ttl)
+            pipe.expire(keys.stream_owner(request_id), finished_ttl_s)
     if completes:
         count_done(pipe, keys, *completes)
     pipe.execute()

@@ -6,6 +6,8 @@ write is the one write that can be skipped at no cost but a later recomputation,
 checks, at most every ``refresh_s``, how much of ``maxmemory`` Redis uses, and writes only below
 ``max_fraction`` of it: the rest stays for the state that must be written. A write Redis refuses
 anyway (OOM) is dropped the same way. Both are counted in ``ragline_cache_writes_dropped_total``.
+The result cache also sheds entries then (``broker/result_cache_shed.lua``), and finished streams
+are cut to their linger time (``broker.events.FinishedStreamTtl``).
 """
 
 from __future__ import annotations

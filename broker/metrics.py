@@ -44,6 +44,11 @@ CACHE_WRITES_DROPPED = Counter(
     "Cache entries not written: Redis near its memory limit (memory) or refusing writes (oom)",
     ["level", "reason"],
 )
+CACHE_ENTRIES_SHED = Counter(
+    "ragline_cache_entries_shed_total",
+    "Cache entries evicted early to give Redis memory back near its limit",
+    ["level"],
+)
 REJECTIONS = Counter("ragline_rejections_total", "Requests refused at the door", ["reason"])
 DEGRADED = Counter("ragline_degraded_total", "Answers degraded to retrieval-only", ["reason"])
 GENERATED_TOKENS = Counter("ragline_generated_tokens_total", "Tokens generated")

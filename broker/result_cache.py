@@ -19,6 +19,7 @@ from importlib import resources
 import redis
 import redis.asyncio as aioredis
 
+from broker import metrics
 from broker.keys import Keys
 from broker.memory_guard import AsyncMemoryGuard
 from broker.oom_script import AsyncStateScript
@@ -49,6 +50,10 @@ def _script(name: str) -> str:
 
 _LOOKUP = _script("result_cache_lookup.lua")
 _STORE = _script("result_cache_store.lua")
+_SHED = _script("result_cache_shed.lua")
+# Entries evicted per write dropped near the memory limit: more than the write would have added,
+# so the cache shrinks for as long as the pressure lasts, and grows again once it is gone.
+SHED_PER_DROPPED_WRITE = 2
 # Compare-and-delete, so a leader never frees a claim a newer leader holds.
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
@@ -73,6 +78,7 @@ class ResultCache:
         self._sf_ttl_ms = int(single_flight_ttl_s * 1000)
         self._lookup = AsyncStateScript(client, _LOOKUP)
         self._store = client.register_script(_STORE)
+        self._shed = AsyncStateScript(client, _SHED)
         self._release = client.register_script(_RELEASE)
 
     async def lookup(self, index: str, digest: str, *, request_id: str = "") -> Lookup:
@@ -92,11 +98,12 @@ class ResultCache:
     async def store(self, key: str, body: bytes, *, leader: str = "") -> bool:
         """Cache ``body`` under ``key`` (and give up the caller's single-flight claim); False when
         the write was dropped: Redis near its memory limit, or the answer over the byte budget."""
+        prefix = self._keys.result_cache
         if not await self._guard.allows_write():
             self._guard.dropped("memory")
             await self._release_claim(key, leader)
+            await self._give_way(prefix)
             return False
-        prefix = self._keys.result_cache
         try:
             stored = await self._store(
                 args=[
@@ -115,8 +122,21 @@ class ResultCache:
         except redis.exceptions.OutOfMemoryError:
             self._guard.dropped("oom")
             await self._release_claim(key, leader)
+            await self._give_way(prefix)
             return False
         return bool(int(stored))
+
+    async def _give_way(self, prefix: str) -> None:
+        """Near the memory limit the cache does not only stop growing: it shrinks, and the
+        memory goes to the state that must be written (streams, queues, job records)."""
+        try:
+            evicted = await self._shed(
+                args=[f"{prefix}:lru", f"{prefix}:sizes", f"{prefix}:bytes", SHED_PER_DROPPED_WRITE]
+            )
+        except redis.RedisError:  # the next dropped write tries again
+            return
+        if evicted:
+            metrics.CACHE_ENTRIES_SHED.labels("result").inc(int(evicted))
 
     async def _release_claim(self, key: str, leader: str) -> None:
         if leader:

@@ -56,10 +56,6 @@ def _run(stack: object, name: str) -> Result:
 
 
 needs_stack = [pytest.mark.integration, pytest.mark.vllm]
-# With the byte budgets in place it still failed at this test's short duration (cause not yet read).
-NOT_LEVELLING_OFF = pytest.mark.xfail(
-    reason="used_memory did not level off below 80% of maxmemory in the first run with budgets", strict=False
-)
 
 
 @pytest.mark.parametrize(
@@ -71,7 +67,7 @@ NOT_LEVELLING_OFF = pytest.mark.xfail(
         pytest.param("fuzz_5xx", marks=needs_stack),
         pytest.param("redis_restart_lost_jobs", marks=needs_stack),
         pytest.param("pool_exhaustion_success", marks=needs_stack),
-        pytest.param("redis_memory_levels_off", marks=[*needs_stack, NOT_LEVELLING_OFF]),
+        pytest.param("redis_memory_levels_off", marks=needs_stack),
     ],
 )
 def test_scenario_holds(stack: object, name: str) -> None:

@@ -131,7 +131,7 @@ def test_a_finished_stream_and_its_owner_live_the_done_ttl(redis_url: str) -> No
         [(batched, Sources(sources=[])), (batched, Done(answer=None)), (running, Sources(sources=[]))],
         ttl_s=600,
         maxlen=1000,
-        finished_ttl_s=20,
+        finished_ttl=FinishedStreamTtl(20, 2),
     )
     assert 0 < client.ttl(KEYS.events(batched)) <= 20 and 0 < client.ttl(KEYS.stream_owner(batched)) <= 20
     assert client.ttl(KEYS.events(running)) > 20
@@ -148,6 +148,23 @@ def test_near_the_memory_limit_a_finished_stream_only_lingers(tmp_path: Path) ->
         w.emit(Sources(sources=[]))
         w.emit(Done(answer="a"))
         assert 0 < client.ttl(KEYS.events(rid)) <= 5
+
+
+def test_streams_finished_just_before_the_memory_limit_are_cut_to_linger(tmp_path: Path) -> None:
+    """A stream finished with the full time to live is cut to the linger time once Redis nears
+    its limit, so the last minutes' streams do not hold the memory the queues need."""
+    with redis_server(tmp_path, maxmemory="16mb") as client:
+        guard = MemoryGuard(client, "stream", max_fraction=0.7, refresh_s=0)
+        ttl = FinishedStreamTtl(120, 5, guard, client=client, keys=KEYS)
+        early, batched, later = uuid.uuid4().hex, uuid.uuid4().hex, uuid.uuid4().hex
+        w = EventWriter(client, KEYS, early, ttl_s=600, maxlen=1000, finished_ttl=ttl)
+        w.emit(Done(answer="a"))
+        emit_many(client, KEYS, [(batched, Done(answer=None))], ttl_s=600, maxlen=1000, finished_ttl=ttl)
+        assert client.ttl(KEYS.events(early)) > 5 and client.ttl(KEYS.events(batched)) > 5
+        fill_to(client, 0.8)
+        EventWriter(client, KEYS, later, ttl_s=600, maxlen=1000, finished_ttl=ttl).emit(Done(answer="b"))
+        for rid in (early, batched, later):
+            assert 0 < client.ttl(KEYS.events(rid)) <= 5
 
 
 def test_a_batch_reaches_a_waiting_reader_whole(redis_url: str) -> None:

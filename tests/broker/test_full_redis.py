@@ -39,6 +39,7 @@ STATE_SCRIPTS = {
     "backpressure",
     "heartbeat",
     "result_cache_lookup",
+    "result_cache_shed",
     "job_advance",
     "job_finish",
     "webhook_claim",

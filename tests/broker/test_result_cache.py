@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from pathlib import Path
 
 import redis
 import redis.asyncio as aioredis
@@ -12,7 +13,8 @@ import redis.asyncio as aioredis
 from broker import indexes
 from broker.indexes import IndexInfo
 from broker.keys import Keys
-from broker.result_cache import Outcome, ResultCache
+from broker.result_cache import SHED_PER_DROPPED_WRITE, Outcome, ResultCache
+from tests.helpers import fill_to, redis_server
 
 
 def _setup(redis_url: str, max_entries: int = 100) -> tuple[Keys, redis.Redis]:
@@ -126,3 +128,40 @@ def test_an_answer_over_the_whole_byte_budget_is_not_stored_and_frees_its_claim(
         await client.aclose()
 
     asyncio.run(scenario())
+
+
+def test_near_the_memory_limit_the_cache_shrinks_oldest_first(tmp_path: Path) -> None:
+    """Past the memory fraction a write is dropped and the least recently used entries go, so
+    the cache gives its memory back while the pressure lasts; the byte total stays exact."""
+    keys = Keys(f"ragline-test-{uuid.uuid4().hex[:8]}")
+    body = json.dumps({"answer": "x" * 60_000}).encode()
+    with redis_server(tmp_path, maxmemory="16mb") as sync:
+        indexes.register(sync, keys, IndexInfo("docs", "v1", "/x", 1, 4))
+        url = f"redis://127.0.0.1:{sync.connection_pool.connection_kwargs['port']}/0"
+
+        async def scenario() -> None:
+            client = aioredis.Redis.from_url(url)
+            cache = ResultCache(
+                client,
+                keys,
+                ttl_s=60,
+                max_entries=100,
+                max_bytes=1 << 30,
+                single_flight_ttl_s=5,
+                max_memory_fraction=0.7,
+            )
+            for i in range(5):
+                found = await cache.lookup("docs", f"q{i}")
+                assert await cache.store(found.key(keys, "docs", f"q{i}"), body)
+            fill_to(sync, 0.75)
+            await asyncio.sleep(1.1)  # the guard's next reading
+            found = await cache.lookup("docs", "new")
+            assert not await cache.store(found.key(keys, "docs", "new"), body)
+            assert [(await cache.lookup("docs", f"q{i}")).outcome for i in range(5)] == (
+                [Outcome.MISS] * SHED_PER_DROPPED_WRITE + [Outcome.HIT] * (5 - SHED_PER_DROPPED_WRITE)
+            )
+            await client.aclose()
+
+        asyncio.run(scenario())
+        left = sync.keys(f"{keys.result_cache}:docs:*")
+        assert int(sync.get(f"{keys.result_cache}:bytes")) == sum(sync.strlen(k) + len(k) for k in left)

@@ -140,7 +140,7 @@ def retrieve(self: Task, **kwargs: Any) -> None:
         ttl_s=streams.event_stream_ttl_s,
         maxlen=streams.event_stream_maxlen,
         completes=(RETRIEVAL_QUEUE, len(pending), time.time() - picked_at),
-        finished_ttl_s=finished_ttl().seconds(),
+        finished_ttl=finished_ttl(),
     )
     for request_id, event in result_events:
         if request_id in writers:
