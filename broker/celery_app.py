@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Queue
 
+from broker import redis_transport
 from broker.queues import (
     CALLBACKS_QUEUE,
     DELIVER_WEBHOOK_TASK,
@@ -20,6 +21,7 @@ from broker.settings import RedisSettings, get_settings
 
 def create_celery(settings: RedisSettings | None = None) -> Celery:
     settings = settings or get_settings().redis
+    redis_transport.install()  # a worker that holds a task when Redis restarts reconnects
     # The same transport options bound every broker call and tell Redis when to redeliver a task
     # whose worker died (acks_late): Celery reads visibility_timeout from both option dicts.
     transport_options = {

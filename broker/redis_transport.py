@@ -1,0 +1,37 @@
+"""kombu's Redis transport, with one fix: a worker survives Redis going away mid-task.
+
+When the broker connection drops, Celery's consumer first collects the connection (which
+detaches its transport) and then closes it; closing the channel restores the messages still
+unacknowledged, and with the transport detached the restore finds no connection parameters and
+raises ``AttributeError`` (``'NoneType' object has no attribute 'hostname'``). Celery treats
+that as unrecoverable and the worker exits: every worker that held a task when Redis restarted
+(a generation worker nearly always does) was lost, and its engine with it. Here the same
+situation raises a connection error, which Celery ignores while closing; it then reconnects,
+and the unacknowledged messages come back by the visibility timeout (``task_acks_late``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from kombu import transport as kombu_transports
+from kombu.transport import redis as kombu_redis
+
+
+class Channel(kombu_redis.Channel):
+    def _connparams(self, asynchronous: bool = False) -> Any:
+        if self.connection.client is None:  # the transport was detached by collect()
+            raise redis.exceptions.ConnectionError("the broker connection is closed")
+        return super()._connparams(asynchronous)
+
+
+class Transport(kombu_redis.Transport):
+    Channel = Channel
+
+
+def install() -> None:
+    """Make ``redis://`` URLs select this transport in this process. Under its own scheme name
+    the broker URL would change, and Flower picks its broker client by the URL's scheme."""
+    kombu_transports.TRANSPORT_ALIASES["redis"] = f"{__name__}:Transport"
+    kombu_transports._transport_cache.pop("redis", None)  # resolved before, by kombu's own name
