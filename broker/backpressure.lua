@@ -108,6 +108,10 @@ for i, q in ipairs(queues) do
   local depth = waiting + in_flight[q]
   if depth == 0 then busy_ms = 0 end
   local live = redis.call('ZCOUNT', KEYS[base + 5], now / 1000 - heartbeat_ttl, '+inf')
+  -- A worker that has just come up (started again after a crash, say) is not part of the stall
+  -- measured before it: what waited for it through the outage would otherwise read as a queue it
+  -- does not serve, and every strict request be refused until its first task ends.
+  if live > (tonumber(redis.call('HGET', KEYS[1], q .. ':live_workers')) or 0) then busy_ms = 0 end
   local function put(name, value) fields[#fields + 1] = q .. ':' .. name; fields[#fields + 1] = value end
   put('waiting', tostring(waiting))
   put('in_flight', tostring(in_flight[q]))

@@ -193,6 +193,34 @@ def test_a_queue_busy_without_a_completion_for_long_is_stalled(redis_url: str) -
     assert finished.busy_s == 0 and not math.isinf(finished.predicted_wait_s())
 
 
+def test_a_worker_that_comes_up_starts_the_stall_afresh(redis_url: str) -> None:
+    """What waited through an outage (no worker, or a dead one's tasks handed back) is no stall
+    of the worker that comes up: its queue predicts a finite wait again at once."""
+    queue = f"bp-{uuid.uuid4().hex[:8]}"
+    keys = Keys(f"ragline-test-{uuid.uuid4().hex[:8]}")
+    sync = redis.Redis.from_url(redis_url)
+
+    async def scenario() -> list[QueueLoad]:
+        monitor = _monitor(redis_url, keys, (queue,), tau_s=1.0)
+        t = 1_000_000
+        await _at(monitor, queue, t)
+        _counted(sync, keys, queue, (2.0, 1.0))
+        await _at(monitor, queue, t + 1000)
+        sync.rpush(queue, "a")
+        for k in range(2, 30):
+            outage = await _at(monitor, queue, t + k * 1000)
+        sync.zadd(keys.workers(queue), {"restarted@host": (t + 30_000) / 1000})
+        came_up = await _at(monitor, queue, t + 30_000)
+        still = await _at(monitor, queue, t + 31_000)
+        sync.delete(queue)
+        return [outage, came_up, still]
+
+    outage, came_up, still = asyncio.run(scenario())
+    assert math.isinf(outage.predicted_wait_s())
+    assert came_up.live_workers == 1 and came_up.busy_s == 0 and not math.isinf(came_up.predicted_wait_s())
+    assert still.busy_s == pytest.approx(1.0)  # and it counts again from there
+
+
 def test_stalled_queue_predicts_an_infinite_wait() -> None:
     service = ServiceTimes.of((1.0, 1.0))
     load = QueueLoad("q", waiting=3, in_flight=1, known=True, service=service, busy_s=60.0)
