@@ -23,15 +23,16 @@ import math
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.scale_data import Corpus
-from bench.scale_index import TYPES, Built, ensure_built, ensure_truth, estimated_bytes
+from bench.scale_index import TYPES, Built, build_command, cached, ensure_truth, estimated_bytes
 from bench.scale_probe import Probe
 from broker.settings import RetrievalSettings, Settings
 
 _PROBE_TIMEOUT_S = 3600  # a 10M on-disk index searched cold, on a slow disk, with room to spare
+_BUILD_TIMEOUT_S = 12 * 3600  # 10M IVF-PQ on 2 cores: k-means over ~12k lists, then 10M adds
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def parse_size(text: str) -> int:
     number = text[:-1] if scale > 1 else text
     size = int(float(number) * scale)
     if size < 1000:
-        raise argparse.ArgumentTypeError(f"corpus size {text!r}: at least 1k vectors")
+        raise ValueError(f"corpus size {text!r}: at least 1k vectors")
     return size
 
 
@@ -65,6 +66,17 @@ def run_probe(built: Built, truth_queries: Path, truth_top: Path, warm_up: int) 
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
     return Probe(**json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def build(root: Path, index_type: str, corpus: Corpus, settings: RetrievalSettings) -> Built:
+    """From the cache, or built in a process of its own (bench/scale_index.py)."""
+    if (found := cached(root, index_type, corpus, settings)) is not None:
+        return found
+    subprocess.run(build_command(root, index_type, corpus), timeout=_BUILD_TIMEOUT_S, check=True)
+    built = cached(root, index_type, corpus, settings)
+    if built is None:
+        raise RuntimeError(f"building {index_type} for {corpus.key} left nothing in {root}")
+    return replace(built, cached=False)
 
 
 def measure_size(
@@ -86,7 +98,7 @@ def measure_size(
             rows.append(Row(n, index_type, None, None, note))
             continue
         print(f"{_label(n)} {index_type}: building (or from the cache)", flush=True)
-        built = ensure_built(root, index_type, corpus, settings)
+        built = build(root, index_type, corpus, settings)
         print(
             f"{_label(n)} {index_type}: built in {built.build_s:.0f} s"
             f"{' (cached)' if built.cached else ''}; measuring",
@@ -105,7 +117,7 @@ def measure_shards(args: argparse.Namespace) -> float | None:
 
 def table(rows: list[Row]) -> str:
     lines = [
-        "| vectors | index | build s | RSS GB (file-backed) | B/vector RSS | B/vector disk "
+        "| vectors | index | build s (peak RSS GB) | RSS GB (file-backed) | B/vector RSS | B/vector disk "
         "| recall@10 | single P50 / P99 ms | 32-batch P50 / P99 ms |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -113,11 +125,12 @@ def table(rows: list[Row]) -> str:
         if r.built is None or r.probe is None:
             lines.append(f"| {_label(r.n)} | {r.index_type} | {r.note} | | | | | | |")
             continue
-        p, cached = r.probe, " (cached)" if r.built.cached else ""
+        p, b = r.probe, r.built
         lines.append(
-            f"| {_label(r.n)} | {r.index_type} | {r.built.build_s:.0f}{cached} "
+            f"| {_label(r.n)} | {r.index_type} | {b.build_s:.0f} ({b.build_peak_rss_gb:.1f})"
+            f"{' (cached)' if b.cached else ''} "
             f"| {p.rss_gb:.2f} ({p.rss_file_gb:.2f}) | {p.rss_gb * 1e9 / r.n:.0f} "
-            f"| {r.built.disk_bytes() / r.n:.0f} | {p.recall_at_10:.3f} "
+            f"| {b.disk_bytes() / r.n:.0f} | {p.recall_at_10:.3f} "
             f"| {p.single_p50_ms:.2f} / {p.single_p99_ms:.2f} | {p.batch_p50_ms:.1f} / {p.batch_p99_ms:.1f} |"
         )
     return "\n".join(lines)
@@ -217,7 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     args.sizes = args.sizes or ("100k" if args.quick else "1m,10m")
     args.queries = args.queries or (500 if args.quick else 2000)
     args.warm_up = args.warm_up if args.warm_up is not None else min(100, args.queries // 5)
-    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    try:
+        sizes = [parse_size(s) for s in args.sizes.split(",")]
+    except ValueError as e:
+        parser.error(f"--sizes {args.sizes}: {e}")
     types = [t.strip() for t in args.types.split(",")]
     if unknown := set(types) - set(TYPES):
         parser.error(f"unknown index types {sorted(unknown)}: choose from {', '.join(TYPES)}")
@@ -228,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     shards = measure_shards(args) if args.shards else None
     print()
     print(table(rows))
+    print(
+        "\nBuild: IVF-PQ's training counted in both IVF types (done once for both). RSS: what loading"
+        " and searching an index added to a fresh process; file-backed pages are memory-mapped files."
+    )
     print()
     print(targets(rows, shards))
     print(f"\nplot: {plot(rows, args.out)}")

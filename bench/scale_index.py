@@ -9,8 +9,11 @@ its lists to disk as they fill. What does stay in memory while building is the i
 
 from __future__ import annotations
 
+import argparse
 import json
+import resource
 import shutil
+import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -20,7 +23,7 @@ import faiss
 import numpy as np
 
 from bench.scale_data import Corpus, exact_top_k
-from broker.settings import RetrievalSettings
+from broker.settings import RetrievalSettings, Settings
 from workers.retrieval import index_store, ondisk
 
 TYPES = ("hnsw", "ivfpq", "ivfpq-disk")
@@ -35,6 +38,7 @@ class Built:
     folder: Path
     index_type: str
     build_s: float  # training (IVF: once for both IVF types) plus adding
+    build_peak_rss_gb: float  # of the process that built it (training included)
     cached: bool
 
     def disk_bytes(self) -> int:
@@ -75,25 +79,42 @@ def index_key(index_type: str, corpus: Corpus, settings: RetrievalSettings) -> s
     if index_type == "hnsw":
         return f"{corpus.key}-hnsw-m{settings.hnsw_m}-efc{settings.hnsw_ef_construction}"
     p = ivfpq_params(settings)
-    spec = index_store.ivfpq_spec(corpus.n, corpus.dim, p).replace(",", "-")
+    spec = index_store.ivfpq_spec(corpus.n, corpus.dim, p)
+    spec = spec.replace(",", "-").replace("(", "-").replace(")", "")  # a plain folder name
     return f"{corpus.key}-{index_type}-{spec}-train{_train_size(corpus, settings)}"
 
 
-def ensure_built(root: Path, index_type: str, corpus: Corpus, settings: RetrievalSettings) -> Built:
-    """The index from the cache, or built now (and cached)."""
+def cached(root: Path, index_type: str, corpus: Corpus, settings: RetrievalSettings) -> Built | None:
     folder = root / index_key(index_type, corpus, settings)
-    if (folder / "meta.json").exists():
-        meta = json.loads((folder / "meta.json").read_text())
-        return Built(folder, index_type, meta["build_s"], cached=True)
+    if not (folder / "meta.json").exists():
+        return None
+    meta = json.loads((folder / "meta.json").read_text())
+    return Built(folder, index_type, meta["build_s"], meta["build_peak_rss_gb"], cached=True)
+
+
+def ensure_built(root: Path, index_type: str, corpus: Corpus, settings: RetrievalSettings) -> Built:
+    """The index from the cache, or built now, in this process (and cached)."""
+    if (found := cached(root, index_type, corpus, settings)) is not None:
+        return found
+    folder = root / index_key(index_type, corpus, settings)
     staging = root / f".tmp-{folder.name}-{uuid.uuid4().hex[:6]}"
     staging.mkdir(parents=True)
     try:
         build_s = _build(staging, index_type, corpus, settings, root)
-        (staging / "meta.json").write_text(json.dumps({"build_s": build_s, "built_at": time.time()}))
+        peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+        meta = {"build_s": build_s, "build_peak_rss_gb": peak_gb, "built_at": time.time()}
+        (staging / "meta.json").write_text(json.dumps(meta))
         staging.rename(folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return Built(folder, index_type, build_s, cached=False)
+    return Built(folder, index_type, build_s, peak_gb, cached=False)
+
+
+def build_command(root: Path, index_type: str, corpus: Corpus) -> list[str]:
+    """The command that builds (and caches) one index in a process of its own, so that its peak
+    memory is its own and faiss' C-level output is flushed before the report is printed."""
+    cmd = [sys.executable, "-m", "bench.scale_index", str(root), index_type]
+    return cmd + [f"--{name}={value}" for name, value in asdict(corpus).items()]
 
 
 def _build(staging: Path, index_type: str, corpus: Corpus, settings: RetrievalSettings, root: Path) -> float:
@@ -156,3 +177,19 @@ def ensure_truth(root: Path, corpus: Corpus, count: int) -> Truth:
     seconds = time.perf_counter() - started
     meta.write_text(json.dumps({"seconds": seconds, **asdict(corpus)}))
     return Truth(queries, top_k, seconds, cached=False)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Build one of bench/scale.py's indexes into its cache.")
+    parser.add_argument("root", type=Path)
+    parser.add_argument("index_type", choices=TYPES)
+    for name, kind in (("n", int), ("dim", int), ("clusters", int), ("spread", float), ("seed", int)):
+        parser.add_argument(f"--{name}", type=kind, required=True)
+    args = parser.parse_args()
+    corpus = Corpus(n=args.n, dim=args.dim, clusters=args.clusters, spread=args.spread, seed=args.seed)
+    ensure_built(args.root, args.index_type, corpus, Settings().retrieval)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
