@@ -84,12 +84,7 @@ class LoadedIndex:
     _allowed: dict[str, np.ndarray] = field(default_factory=dict)
 
     def _params(self, knobs: SearchKnobs) -> faiss.SearchParameters | None:
-        if self.info.index_type == "hnsw" and knobs.ef_search:
-            return faiss.SearchParametersHNSW(efSearch=knobs.ef_search)
-        if self.info.index_type in IVF_TYPES:
-            base = faiss.SearchParametersIVF(nprobe=knobs.nprobe) if knobs.nprobe else None
-            return faiss.IndexRefineSearchParameters(k_factor=knobs.refine_k_factor, base_index_params=base)
-        return None
+        return search_parameters(self.info.index_type, knobs)
 
     def search_rows(
         self,
@@ -164,6 +159,16 @@ class LoadedIndex:
         return [[(self.chunks[i], s) for i, s in row] for row in self.search_rows(vectors, top_k, knobs)]
 
 
+def search_parameters(index_type: str, knobs: SearchKnobs) -> faiss.SearchParameters | None:
+    """What a search of an index of ``index_type`` passes faiss for ``knobs`` (None: its defaults)."""
+    if index_type == "hnsw" and knobs.ef_search:
+        return faiss.SearchParametersHNSW(efSearch=knobs.ef_search)
+    if index_type in IVF_TYPES:
+        base = faiss.SearchParametersIVF(nprobe=knobs.nprobe) if knobs.nprobe else None
+        return faiss.IndexRefineSearchParameters(k_factor=knobs.refine_k_factor, base_index_params=base)
+    return None
+
+
 def _exact(
     vectors: np.ndarray, stored: np.ndarray, allowed: np.ndarray, k: int
 ) -> list[list[tuple[int, float]]]:
@@ -195,19 +200,30 @@ def stored_vectors(index: faiss.Index) -> np.ndarray | None:
 
 
 def build_hnsw(vectors: np.ndarray, params: HnswParams) -> faiss.Index:
-    index = faiss.IndexHNSWFlat(vectors.shape[1], params.m, faiss.METRIC_INNER_PRODUCT)
+    index = empty_hnsw(vectors.shape[1], params)
+    index.add(vectors)
+    return index
+
+
+def empty_hnsw(dim: int, params: HnswParams) -> faiss.Index:
+    """An HNSW index to add vectors to, as many at a time as fit in memory."""
+    index = faiss.IndexHNSWFlat(dim, params.m, faiss.METRIC_INNER_PRODUCT)
     index.hnsw.efConstruction = params.ef_construction
     index.hnsw.efSearch = params.ef_search
-    index.add(vectors)
     return index
 
 
 _MIN_POINTS_PER_CENTROID = 39  # below this faiss' k-means warns and clusters poorly
 
 
-def ivfpq_spec(n: int, dim: int, params: IvfPqParams) -> str:
+def ivf_nlist(n: int, params: IvfPqParams) -> int:
+    """The inverted lists an IVF-PQ index of ``n`` vectors gets."""
     nlist = params.nlist or int(4 * np.sqrt(n))
-    nlist = max(1, min(nlist, n // _MIN_POINTS_PER_CENTROID))
+    return max(1, min(nlist, n // _MIN_POINTS_PER_CENTROID))
+
+
+def ivfpq_spec(n: int, dim: int, params: IvfPqParams) -> str:
+    nlist = ivf_nlist(n, params)
     if dim % params.pq_m:
         raise ValueError(f"ivf_pq_m={params.pq_m} must divide the embedding dimension {dim}")
     # 8-bit codes need 256·39 training points; small corpora get fewer bits per code.
@@ -218,11 +234,18 @@ def ivfpq_spec(n: int, dim: int, params: IvfPqParams) -> str:
 
 def build_ivfpq(vectors: np.ndarray, params: IvfPqParams, *, nprobe: int) -> faiss.Index:
     """IVF-PQ for the candidates, re-ranked by SQ8 or exact vectors: far less memory than HNSW."""
-    index = faiss.index_factory(
-        vectors.shape[1], ivfpq_spec(len(vectors), vectors.shape[1], params), faiss.METRIC_INNER_PRODUCT
-    )
-    index.train(vectors)
+    index = trained_ivfpq(vectors, len(vectors), params, nprobe=nprobe)
     index.add(vectors)
+    return index
+
+
+def trained_ivfpq(sample: np.ndarray, n: int, params: IvfPqParams, *, nprobe: int) -> faiss.Index:
+    """An empty IVF-PQ index sized for ``n`` vectors, trained on ``sample`` (all of them, or a
+    random part when they do not fit in memory at once), to add them to in parts."""
+    index = faiss.index_factory(
+        sample.shape[1], ivfpq_spec(n, sample.shape[1], params), faiss.METRIC_INNER_PRODUCT
+    )
+    index.train(sample)
     faiss.extract_index_ivf(index).nprobe = nprobe
     return index
 
@@ -323,9 +346,14 @@ def read_version(info: IndexInfo) -> tuple[faiss.Index, list[Chunk]]:
 
 
 def _read_index(info: IndexInfo) -> faiss.Index:
-    if info.index_type == "ivfpq-disk":
-        return ondisk.read(Path(info.path))
-    return faiss.read_index(str(Path(info.path) / "index.faiss"))
+    return read_faiss(Path(info.path), info.index_type)
+
+
+def read_faiss(folder: Path, index_type: str) -> faiss.Index:
+    """The FAISS index saved in a version's ``folder``, as a worker serves it."""
+    if index_type == "ivfpq-disk":
+        return ondisk.read(folder)
+    return faiss.read_index(str(folder / "index.faiss"))
 
 
 def current_on_disk(root: Path) -> list[IndexInfo]:

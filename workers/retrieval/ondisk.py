@@ -16,15 +16,39 @@ import faiss
 
 LISTS = "lists.ivfdata"
 LISTS_META = "lists.meta"
+_GROWING = "lists.growing.ivfdata"
 
 
 def move_lists_to_disk(index: faiss.Index, folder: Path) -> None:
     """Replace ``index``'s inverted lists by the same lists on disk under ``folder``."""
+    _replace_by_compact_copy(index, folder)
+
+
+def stream_lists_to_disk(index: faiss.Index, folder: Path) -> None:
+    """Give an empty, trained ``index`` inverted lists on disk under ``folder``: what is added to
+    it then goes to disk as it comes, for a corpus whose lists do not fit in memory. Call
+    :func:`finish_streamed_lists` once every vector is in."""
+    ivf = faiss.extract_index_ivf(index)
+    if ivf.ntotal:
+        raise ValueError("stream_lists_to_disk needs an empty index")
+    growing = faiss.OnDiskInvertedLists(ivf.nlist, ivf.code_size, str(folder / _GROWING))
+    ivf.replace_invlists(growing, True)
+    growing.this.disown()  # the index frees it
+
+
+def finish_streamed_lists(index: faiss.Index, folder: Path) -> None:
+    """The streamed lists copied once more, packed: while growing, each list and the file
+    double their room as they fill, so up to about half the growing file is slack."""
+    _replace_by_compact_copy(index, folder)
+    (folder / _GROWING).unlink()
+
+
+def _replace_by_compact_copy(index: faiss.Index, folder: Path) -> None:
     ivf = faiss.extract_index_ivf(index)
     on_disk = faiss.OnDiskInvertedLists(ivf.nlist, ivf.code_size, str(folder / LISTS))
-    in_memory = faiss.InvertedListsPtrVector()
-    in_memory.push_back(ivf.invlists)
-    on_disk.merge_from_multiple(in_memory.data(), in_memory.size())
+    source = faiss.InvertedListsPtrVector()
+    source.push_back(ivf.invlists)
+    on_disk.merge_from_multiple(source.data(), source.size())
     writer = faiss.FileIOWriter(str(folder / LISTS_META))
     faiss.write_InvertedLists(on_disk, writer)
     del writer  # flushed and closed

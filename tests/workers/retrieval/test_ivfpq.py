@@ -109,6 +109,36 @@ def test_ivfpq_disk_answers_as_in_memory_from_a_moved_folder(
     assert index.ntotal == len(x) and len(read_chunks) == len(x)
 
 
+def test_lists_streamed_to_disk_answer_as_in_memory(
+    data: tuple[np.ndarray, list[Chunk]], tmp_path: Path
+) -> None:
+    """An index trained on a sample, its vectors added in parts straight to on-disk lists, then
+    packed: read back, it answers as the same index built in memory, and no slack is left."""
+    x, _ = data
+    params = index_store.IvfPqParams(nlist=0, pq_m=8, refine="sq8")
+    trained = faiss.serialize_index(index_store.trained_ivfpq(x[:2000], len(x), params, nprobe=8))
+    in_memory = faiss.deserialize_index(trained)
+    in_memory.add(x)
+    streamed = faiss.deserialize_index(trained)
+    ondisk.stream_lists_to_disk(streamed, tmp_path)
+    for start in range(0, len(x), 700):
+        streamed.add(x[start : start + 700])
+    ondisk.finish_streamed_lists(streamed, tmp_path)
+    faiss.write_index(streamed, str(tmp_path / "index.faiss"))
+    del streamed
+
+    ivf = faiss.extract_index_ivf(in_memory)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.faiss", ondisk.LISTS, ondisk.LISTS_META]
+    assert (tmp_path / ondisk.LISTS).stat().st_size == len(x) * (ivf.code_size + 8)  # codes and ids
+    knobs = index_store.SearchKnobs(nprobe=16, refine_k_factor=16)
+    search_params = index_store.search_parameters("ivfpq-disk", knobs)
+    read = index_store.read_faiss(tmp_path, "ivfpq-disk")
+    np.testing.assert_array_equal(
+        read.search(x[:20], 10, params=search_params)[1],
+        in_memory.search(x[:20], 10, params=search_params)[1],
+    )
+
+
 @pytest.mark.integration
 def test_ingest_builds_ivfpq_disk_and_serves_the_planted_passage(
     settings: Settings, corpus: Path, embedder: Embedder
