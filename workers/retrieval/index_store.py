@@ -26,7 +26,7 @@ import faiss
 import numpy as np
 import redis
 
-from broker import indexes
+from broker import indexes, shards
 from broker.indexes import IndexInfo
 from broker.keys import Keys
 from workers.retrieval import ondisk
@@ -336,6 +336,21 @@ def current_on_disk(root: Path) -> list[IndexInfo]:
         if meta.exists():
             found.append(IndexInfo(**json.loads(meta.read_text())))
     return found
+
+
+_SHARD_MAP = "SHARDS.json"
+
+
+def write_shard_map(root: Path, shard_map: shards.ShardMap) -> None:
+    """A sharded index's map beside its shards (``<name>/SHARDS.json``), so a worker can register
+    it again after Redis lost the registry."""
+    base = root / shards.check_logical_name(shard_map.index)
+    base.mkdir(parents=True, exist_ok=True)
+    _write_atomic(base / _SHARD_MAP, shard_map.encode())
+
+
+def shard_maps_on_disk(root: Path) -> list[shards.ShardMap]:
+    return [shards.ShardMap.decode(p.read_text()) for p in sorted(root.glob(f"*/{_SHARD_MAP}"))]
 
 
 def load(info: IndexInfo, *, ef_search: int) -> LoadedIndex:
