@@ -42,6 +42,9 @@ SHARD_SEARCHES = Counter(
     "Shard searches of sharded indexes, by shard and where run",
     ["shard", "where"],
 )
+SHARD_QUEUE_WAITING = Gauge(
+    "ragline_shard_queue_waiting", "Shard searches waiting in a shard's queue (the API's view)", ["queue"]
+)
 SHARD_MISSING = Counter(
     "ragline_shard_missing_total", "Shards left out of an answer: no reply within their budget", ["shard"]
 )

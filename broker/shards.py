@@ -38,6 +38,8 @@ NO_SHARDS = "none"
 
 def shard_index(index: str, key: str) -> str:
     """The index name of ``index``'s shard ``key``; InvalidIndexName when it breaks the rule."""
+    if not key:
+        raise InvalidIndexName(f"a shard of {index!r} needs a key (a number, or its field's value)")
     return indexes.check_index_name(f"{index}{SHARD_MARK}{key}")
 
 
