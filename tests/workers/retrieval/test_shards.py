@@ -203,6 +203,39 @@ def test_a_filter_on_the_shard_field_touches_only_its_shard(
     ]
 
 
+@pytest.fixture(scope="module")
+def coordinator(sharded: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+    """A retrieval worker that takes batches and holds no shard (``--shards none``)."""
+    log = tmp_path_factory.mktemp("coordinator-logs") / "coordinator.log"
+    proc = Proc(
+        "coordinator",
+        ragline_command("worker", "retrieval", "--shards", "none"),
+        env_for(sharded.replace(worker_metrics_port=0)),
+        log,
+    )
+    proc.start()
+    try:
+        wait_for_workers(sharded, ("retrieval",), [proc], timeout=300)
+        yield proc
+    finally:
+        proc.stop()
+
+
+def test_the_api_answers_from_shards_through_a_coordinating_worker(
+    sharded: Settings, shard_workers: list[Proc], coordinator: Proc, api
+) -> None:
+    def ask(index: str) -> dict:
+        body = {"query": QUERIES[0], "mode": "retrieval", "index": index, "top_k": 5, "retrieval": "dense"}
+        reply = httpx.post(f"{api.base}/v1/query", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    flat, hashed = ask("flat"), ask("hashed")
+    assert hashed["partial"] is False and hashed["partial_shards"] == []
+    assert [s["chunk_id"] for s in hashed["sources"]] == [s["chunk_id"] for s in flat["sources"]]
+    assert "hashed" in [i["name"] for i in httpx.get(f"{api.base}/v1/indexes", timeout=10).json()["indexes"]]
+
+
 def test_reingesting_one_shard_swaps_only_it(sharded: Settings, embedder, tmp_path: Path) -> None:
     from workers.retrieval.sharded_ingest import ingest_sharded
 
