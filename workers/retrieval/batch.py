@@ -126,8 +126,8 @@ class BatchRetriever:
             groups[(r.index, r.index_version, self._knobs(r), filter_key(r.filter))].append(r)
         for (index_name, version, knobs, _), group in groups.items():
             sharded = self._shards.sharded(index_name) if self._shards is not None else None
-            if sharded is not None:
-                gathered = self._shards.search(  # type: ignore[union-attr]
+            if self._shards is not None and sharded is not None:
+                gathered = self._shards.search(
                     sharded,
                     [(r.query, self.mode(r)) for r in group],
                     lambda q: vectors[row_of[q]],
@@ -135,16 +135,9 @@ class BatchRetriever:
                     knobs,
                     group[0].filter,
                 )
-                ranked += [
-                    _Ranked(
-                        r,
-                        gathered.info,
-                        gathered.chunks,
-                        gathered.candidates[(r.query, self.mode(r))],
-                        gathered.missing,
-                    )
-                    for r in group
-                ]
+                for r in group:
+                    found = gathered.candidates[(r.query, self.mode(r))]
+                    ranked.append(_Ranked(r, gathered.info, gathered.chunks, found, gathered.missing))
                 continue
             try:
                 loaded = self.indexes.get(index_name, version=version)

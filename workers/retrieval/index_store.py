@@ -394,8 +394,9 @@ class IndexCache:
         if loaded is not None and (loaded.info.version == version or (version is None and fresh)):
             return loaded
         info = indexes.lookup(self._client, self._keys, name)
-        if info is None:
-            # Deleted (DELETE /v1/indexes/{name}): its memory goes with it.
+        if info is None or info.index_type == shards.SHARDED_TYPE:
+            # Deleted (DELETE /v1/indexes/{name}): its memory goes with it. A sharded index has no
+            # files of its own to load (its shards do; this is one whose shard map is gone).
             self._loaded.pop(name, None)
             raise UnknownIndex(name)
         if loaded is None or loaded.info.version != info.version:
