@@ -284,3 +284,19 @@ def test_a_killed_shard_worker_gives_a_partial_answer_within_the_budget(
             break
         assert time.monotonic() < deadline, body
         time.sleep(0.3)
+
+
+def test_a_sharded_index_is_registered_again_from_disk(sharded: Settings) -> None:
+    from workers.retrieval import index_store
+    from workers.retrieval.sharded_ingest import register_sharded
+
+    client = redis.Redis.from_url(sharded.redis.redis_url)
+    keys = Keys(sharded.redis.key_prefix)
+    before = indexes.lookup(client, keys, "hashed")
+    # What a Redis restart without persistence leaves: no map, no logical entry.
+    client.hdel(keys.shard_maps, "hashed")
+    client.hdel(keys.indexes, "hashed")
+    found = {m.index: m for m in index_store.shard_maps_on_disk(sharded.indexes_dir)}
+    assert found["hashed"].keys == ("0", "1", "2")
+    assert register_sharded(client, keys, sharded.indexes_dir, found["hashed"]) == before
+    assert shards.lookup(client, keys, "hashed") == found["hashed"]
