@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import redis.asyncio as aioredis
 from fastapi import FastAPI
 
 from api import errors, middleware
@@ -15,6 +17,7 @@ from api.admission import Admission
 from api.fast_path import FastPath
 from api.pipeline.connect import Connected
 from api.routers import chat, documents, health, indexes, jobs, metrics, query, web
+from broker import shards
 from broker.backpressure import BackpressureMonitor
 from broker.celery_app import create_celery
 from broker.keys import Keys
@@ -27,6 +30,17 @@ from broker.settings import Settings, get_settings
 log = logging.getLogger("ragline.api")
 
 _MAX_BODY_BYTES = 64 * 1024
+
+
+async def _shard_queues(redis: aioredis.Redis, keys: Keys) -> tuple[str, ...]:
+    """The queues of the shards registered now, measured with the others (depth, rate, workers);
+    admission reads only the batch and generation queues."""
+    try:
+        async with asyncio.timeout(2.0):
+            return tuple(shards.shard_queues(await shards.alist(redis, keys)))
+    except Exception:
+        log.warning("no shard list from Redis at start: shard queues are left out of backpressure")
+        return ()
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -47,7 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.monitor = BackpressureMonitor(
             app.state.redis,
             keys,
-            QUEUES,
+            (*QUEUES, *await _shard_queues(app.state.redis, keys)),
             refresh_s=api.backpressure_refresh_ms / 1000,
             tau_s=api.service_rate_tau_s,
             heartbeat_ttl_s=settings.redis.worker_heartbeat_ttl_s,

@@ -203,6 +203,50 @@ class GenerateTask(_Task):
     job_id: str | None = None
     history: tuple[ChatTurn, ...] = ()
     sampling: Sampling = Field(default_factory=Sampling)
+    # The shards of a sharded index left out of its sources; the worker copies them into its `done`.
+    partial_shards: tuple[str, ...] = ()
+
+
+class ShardQuery(_Model):
+    """One distinct query of a shard search: its embedding (dense and hybrid) travels with it,
+    so a query is embedded once however many shards it reaches."""
+
+    query: str
+    mode: RetrievalMode
+    vector: list[float] | None = None
+
+
+class SearchShardTask(_Task):
+    """``ragline.search_shard``: one group of a retrieval batch (same index, filter and knobs),
+    searched on one shard; the reply goes to the Redis list ``reply_to``."""
+
+    search_id: str
+    reply_to: str
+    shard: str
+    queries: list[ShardQuery]
+    depth: int = Field(ge=1, description="Candidates per query, as deep as the unsharded search.")
+    filter: MetadataFilter | None = None
+    ef_search: int | None = None
+    nprobe: int | None = None
+    # Unix seconds: past this the coordinator has given up, and a shard worker skips the task.
+    deadline: float
+
+
+class ShardChunk(_Model):
+    """A chunk as a shard returns it: what ranking, diversity and the sources need."""
+
+    chunk_id: str
+    source: str
+    title: str
+    text: str
+    anchors: tuple[str, ...] = ()
+    meta: dict[str, str] = Field(default_factory=dict)
+
+
+class ShardHit(_Model):
+    chunk: ShardChunk
+    score: float
+    dense: float | None = None
 
 
 class WebhookDelivery(_Task):
@@ -250,6 +294,21 @@ class UploadManifest(_Json):
     @classmethod
     def _what(cls) -> str:
         return "upload manifest"
+
+
+class ShardReply(_Json):
+    """A shard's answer to :class:`SearchShardTask`: per query (in its order) the candidates,
+    best first; ``error`` when the shard could not search (the coordinator counts it missing)."""
+
+    search_id: str
+    shard: str
+    version: str | None = None
+    hits: list[list[ShardHit]] = Field(default_factory=list)
+    error: str | None = None
+
+    @classmethod
+    def _what(cls) -> str:
+        return "shard reply"
 
 
 IngestOperation = Literal["add", "delete_documents", "delete_index"]
@@ -315,6 +374,9 @@ class Sources(_Event):
     index_version: str | None = None
     # The index they were found in (a reader that resumes a stream learns it here).
     index: str | None = None
+    # A sharded index's shards that did not answer within their budget: left out of these sources.
+    partial: bool = False
+    partial_shards: list[str] = Field(default_factory=list)
 
 
 class Token(_Event):
@@ -370,6 +432,14 @@ class Done(_Event):
         default=None,
         description="Why generation ended: `stop` (end of the answer, or a stop sequence) or `length` "
         "(its max_tokens); null when nothing was generated.",
+    )
+    partial: bool = Field(
+        default=False,
+        description="Some shards of a sharded index did not answer within their budget: the sources "
+        "(and the answer) come from the others.",
+    )
+    partial_shards: list[str] = Field(
+        default_factory=list, description="The shards left out, by index name, when `partial`."
     )
 
     def done_fields(self) -> dict[str, Any]:

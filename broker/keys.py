@@ -22,6 +22,15 @@ class Keys:
         """Hash: index name -> JSON {version, path, chunks, dim}."""
         return f"{self.prefix}:indexes"
 
+    @property
+    def shard_maps(self) -> str:
+        """Hash: sharded index name -> JSON {index, shard_by, keys} (broker/shards.py)."""
+        return f"{self.prefix}:shardmaps"
+
+    def shard_reply(self, search_id: str) -> str:
+        """List with a TTL: the replies of one scatter's shard searches, for its coordinator."""
+        return f"{self.prefix}:shardreply:{search_id}"
+
     def documents(self, index: str, version: str) -> str:
         """Hash: one index version's documents, document id -> JSON {title, path, chunks}."""
         return f"{self.prefix}:docs:{index}:{version}"

@@ -37,6 +37,18 @@ QUEUE_DEPTH = Gauge("ragline_queue_depth", "True waiting depth: all priority lis
 QUEUE_RATE = Gauge("ragline_queue_service_rate", "Completions per second (EWMA)", ["queue"])
 LIVE_WORKERS = Gauge("ragline_live_workers", "Workers with a fresh heartbeat", ["queue"])
 
+SHARD_SEARCHES = Counter(
+    "ragline_shard_searches_total",
+    "Shard searches of sharded indexes, by shard and where run",
+    ["shard", "where"],
+)
+SHARD_QUEUE_WAITING = Gauge(
+    "ragline_shard_queue_waiting", "Shard searches waiting in a shard's queue (the API's view)", ["queue"]
+)
+SHARD_MISSING = Counter(
+    "ragline_shard_missing_total", "Shards left out of an answer: no reply within their budget", ["shard"]
+)
+
 CACHE_HITS = Counter("ragline_cache_hits_total", "Cache hits", ["level"])
 CACHE_MISSES = Counter("ragline_cache_misses_total", "Cache misses", ["level"])
 CACHE_WRITES_DROPPED = Counter(

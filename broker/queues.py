@@ -16,3 +16,5 @@ RETRIEVE_TASK = "ragline.retrieve"
 GENERATE_TASK = "ragline.generate"
 DELIVER_WEBHOOK_TASK = "ragline.deliver_webhook"
 INGEST_TASK = "ragline.ingest"
+# One shard's part of a sharded search, on that shard's queue (broker/shards.py: shard_queue).
+SEARCH_SHARD_TASK = "ragline.search_shard"

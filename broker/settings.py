@@ -157,6 +157,15 @@ class RetrievalSettings(_Group):
     # score clears this threshold and the request allows it. 0 turns it off (the default).
     early_exit_score: float = 0.0
 
+    # -- sharded indexes (docs/operations.md) -----------------------------------------------
+    # How long a coordinating worker waits for the shards of one batch; a shard that has not
+    # answered by then is left out, and the answer says so (`partial`).
+    shard_timeout_ms: int = 2000
+    # What this retrieval worker holds and serves (`ragline worker retrieval --shards`): "all"
+    # (every shard, searched in process), "none" (coordinates only) or NAME:KEY,... (serves only
+    # those shards, from their queues, and takes no batches).
+    worker_shards: str = "all"
+
 
 class GenerationSettings(_Group):
     """The generation engine and its worker. Each says what it trades; those left unset are

@@ -26,21 +26,25 @@ def _models_prepare(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _ingest(args: argparse.Namespace, settings: Settings) -> int:
-    from broker.indexes import InvalidIndexName, check_index_name
+    from broker.indexes import InvalidIndexName
+    from broker.shards import check_logical_name
 
     name = args.index or settings.retrieval.default_index
     try:
-        # The API's rule, before anything is read or loaded: the name is a folder under the index root.
-        check_index_name(name)
+        # The API's rule, before anything is read or loaded: the name is a folder under the index
+        # root, and no shard's.
+        check_logical_name(name)
     except InvalidIndexName as exc:
         print(f"ragline ingest: {exc}", file=sys.stderr)
         return 2
-    from workers.retrieval.ingest import ingest
-
     meta = dict(item.partition("=")[::2] for item in args.meta)
     if any(not key or not value for key, value in meta.items()):
         print("ragline ingest: --meta takes key=value", file=sys.stderr)
         return 2
+    if args.shards is not None or args.shard_by:
+        return _ingest_sharded(args, settings, name, meta)
+    from workers.retrieval.ingest import ingest
+
     started = time.perf_counter()
     report = ingest(
         settings,
@@ -58,6 +62,39 @@ def _ingest(args: argparse.Namespace, settings: Settings) -> int:
         f"({report.encoded} encoded, the rest from the embedding cache)\n"
         f"memory per vector: this index {report.bytes_per_vector:.0f} B on disk; in RAM by type: "
         + ", ".join(f"{kind} ~{size} B" for kind, size in report.estimates.items())
+    )
+    return 0
+
+
+def _ingest_sharded(args: argparse.Namespace, settings: Settings, name: str, meta: dict[str, str]) -> int:
+    from workers.retrieval.sharded_ingest import ingest_sharded
+
+    if args.shards is not None and args.shards < 1:
+        print("ragline ingest: --shards takes a count of at least 1", file=sys.stderr)
+        return 2
+    try:
+        report = ingest_sharded(
+            settings,
+            [Path(p) for p in args.paths],
+            index_name=name,
+            count=args.shards,
+            shard_by=args.shard_by,
+            index_type=args.index_type,
+            meta=meta,
+        )
+    except ValueError as exc:
+        print(f"ragline ingest: {exc}", file=sys.stderr)
+        return 2
+    for shard, built in report.built.items():
+        print(
+            f"shard {shard!r} version {built.info.version}: "
+            f"{built.info.chunks} chunks from {built.files} documents"
+        )
+    info = report.info
+    print(
+        f"index {info.name!r} version {info.version}: {len(report.shard_map.keys)} shards "
+        f"({len(report.built)} replaced now), {info.chunks} chunks from {report.files} files, "
+        f"{report.seconds:.1f}s"
     )
     return 0
 
@@ -114,10 +151,24 @@ def _secured(settings: Settings, *components: str, generate: bool = False) -> Se
 
 
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
+    from broker.indexes import InvalidIndexName
     from ragline import processes
 
     settings = _secured(settings, args.kind)
-    return _exec(processes.worker_command(args.kind, settings), processes.child_env(settings, kind=args.kind))
+    queues = None
+    if args.shards is not None and args.kind != "retrieval":
+        print("ragline worker: --shards is for retrieval workers", file=sys.stderr)
+        return 2
+    if args.kind == "retrieval":
+        if args.shards is not None:
+            settings = settings.replace(worker_shards=args.shards)
+        try:
+            queues = processes.retrieval_queues(settings)
+        except InvalidIndexName as exc:
+            print(f"ragline worker: --shards: {exc}", file=sys.stderr)
+            return 2
+    command = processes.worker_command(args.kind, settings, queues=queues)
+    return _exec(command, processes.child_env(settings, kind=args.kind))
 
 
 def _api(args: argparse.Namespace, settings: Settings) -> int:
@@ -320,6 +371,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="metadata on every chunk, for filters (repeatable)",
     )
+    sharding = ingest.add_mutually_exclusive_group()
+    sharding.add_argument(
+        "--shards", type=int, metavar="N", help="a sharded index: N shards by the hash of each document's id"
+    )
+    sharding.add_argument(
+        "--shard-by",
+        metavar="FIELD",
+        help="a sharded index: one shard per value of this metadata field (front matter or --meta)",
+    )
     ingest.set_defaults(func=_ingest)
 
     evaluate = sub.add_parser("eval", help="retrieval quality on labelled questions, side by side")
@@ -344,6 +404,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = sub.add_parser("worker", help="run a Celery worker")
     worker.add_argument("kind", choices=["retrieval", "generation", "callbacks", "ingest"])
+    worker.add_argument(
+        "--shards",
+        metavar="NAME:KEY,...",
+        help="retrieval: serve only these shards of sharded indexes, from their queues; `none`: "
+        "take batches and search no shard here; default (`all`, RAGLINE_WORKER_SHARDS): every shard",
+    )
     worker.set_defaults(func=_worker)
 
     hooks = sub.add_parser("webhooks", help="inspect webhook delivery, set per-key secrets")

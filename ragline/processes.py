@@ -54,7 +54,9 @@ def api_command(settings: ApiSettings) -> list[str]:
     ]
 
 
-def worker_command(kind: str, settings: Settings) -> list[str]:
+def worker_command(kind: str, settings: Settings, *, queues: list[str] | None = None) -> list[str]:
+    """The Celery worker of ``kind``, consuming ``queues`` (default: the one named ``kind``; a
+    retrieval worker's shard queues come from :func:`retrieval_queues`)."""
     # Retrieval batches run one at a time on the main thread (see workers/retrieval/app.py), and
     # so do ingests (one index version after another, workers/ingest/app.py);
     # generation needs a thread per request in flight so the engine can batch them; webhook
@@ -65,13 +67,34 @@ def worker_command(kind: str, settings: Settings) -> list[str]:
     }.get(kind, ["-P", "solo"])
     app = "workers.callbacks:app" if kind == "callbacks" else f"workers.{kind}.app:app"
     return [
-        *(sys.executable, "-m", "celery", "-A", app, "worker", "-Q", kind),
+        *(sys.executable, "-m", "celery", "-A", app, "worker", "-Q", ",".join(queues or [kind])),
         *pool,
         "--prefetch-multiplier=1",
         "--without-gossip",
         "--without-mingle",
         *("-n", f"{kind}-{uuid.uuid4().hex[:6]}@%h", "-l", "INFO"),
     ]
+
+
+def retrieval_queues(settings: Settings) -> list[str]:
+    """What a retrieval worker with RAGLINE_WORKER_SHARDS consumes: the batch queue unless it
+    only serves shards, and its shards' queues (for ``all``, those registered now: a worker
+    started before a sharded index was ingested searches it in process, and serves its queues
+    once restarted). InvalidIndexName for a selection that names no valid shard."""
+    from broker import shards
+    from broker.keys import Keys
+    from broker.redis_pool import sync_client
+
+    selection = shards.parse_selection(settings.retrieval.worker_shards)
+    maps: list[shards.ShardMap] = []
+    if selection is None:
+        try:
+            maps = shards.all_maps(sync_client(settings.redis), Keys(settings.redis.key_prefix))
+        except Exception as exc:  # the worker itself retries Redis; its shard queues wait for a restart
+            print(
+                f"ragline worker retrieval: no shard list from Redis ({exc}); batches only", file=sys.stderr
+            )
+    return shards.worker_queues(maps, selection)
 
 
 def flower_command(settings: FlowerSettings) -> list[str]:
@@ -96,6 +119,8 @@ def child_env(settings: Settings, *, kind: str) -> dict[str, str]:
     # `ragline demo`'s dev mode, and the secrets `ragline up` keeps under its home, reach the
     # children that check or sign with them.
     env["RAGLINE_DEV_MODE"] = str(settings.dev_mode).lower()
+    if kind == "retrieval":
+        env["RAGLINE_WORKER_SHARDS"] = settings.retrieval.worker_shards
     if kind in ("api", "callbacks"):
         env["RAGLINE_WEBHOOK_SECRET"] = settings.webhooks.webhook_secret
     env.setdefault("HF_HUB_OFFLINE", "1")

@@ -92,7 +92,11 @@ def running_stack(settings: Settings, *, flower: bool = True) -> Iterator[Stack]
         for kind in ("retrieval", "generation", "callbacks", "ingest"):
             supervisor.start(
                 f"{kind}-worker",
-                processes.worker_command(kind, settings),
+                processes.worker_command(
+                    kind,
+                    settings,
+                    queues=processes.retrieval_queues(settings) if kind == "retrieval" else None,
+                ),
                 processes.child_env(settings, kind=kind),
                 cores=engine if kind == "generation" else others,
             )

@@ -57,6 +57,8 @@ DONE = Done(
     cached=True,
     citations=[Citation(marker=1, chunk_id="cafe.md#0", source="/docs/cafe.md", title="Café Lumière")],
     finish_reason="length",
+    partial=True,
+    partial_shards=["docs.shard-2"],
 )
 
 

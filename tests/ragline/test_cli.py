@@ -150,3 +150,32 @@ def test_keys_carry_the_scopes_they_are_created_with(settings: Settings, redis_u
         assert unknown.returncode == 1 and "no key" in unknown.stderr
     finally:
         client.delete(keys.api_keys)
+
+
+@pytest.mark.parametrize(
+    ("value", "args"),
+    [
+        ("eu/west", ("--shard-by", "region")),  # a value that is no folder name
+        ("x" * 60, ("--shard-by", "region")),  # a shard name over 64 characters
+        ("eu", ("--index", "docs.shard-0", "--shards", "2")),  # a shard's own name
+    ],
+)
+def test_sharded_ingest_refuses_a_shard_name_outside_the_rule(
+    settings: Settings, tmp_path: Path, value: str, args: tuple[str, ...]
+) -> None:
+    home = tmp_path / "home"
+    (home / "indexes").mkdir(parents=True)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text(f"---\nregion: {value}\n---\n# A\n\nSome text about the region.")
+    index = () if "--index" in args else ("--index", "regions")
+    done = _ragline(settings.replace(home=home), "ingest", str(tmp_path / "docs"), *index, *args)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "not valid" in done.stderr
+    assert not any((home / "indexes").iterdir())  # nothing written, nothing embedded
+
+
+def test_worker_refuses_a_shard_selection_outside_the_rule(settings: Settings) -> None:
+    done = _ragline(settings, "worker", "retrieval", "--shards", "docs:a/b")
+    assert done.returncode == 2 and "not valid" in done.stderr, done.stderr
+    done = _ragline(settings, "worker", "generation", "--shards", "docs:0")
+    assert done.returncode == 2 and "retrieval workers" in done.stderr, done.stderr

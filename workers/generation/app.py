@@ -195,6 +195,8 @@ def generate(self: Task, **kwargs: Any) -> None:
         timings=timings,
         citations=citations(answer, prompt.numbered),
         finish_reason="length" if finish_reason == "length" else "stop",
+        partial=bool(task.partial_shards),
+        partial_shards=list(task.partial_shards),
     )
     writer.emit(
         done,

@@ -4,6 +4,10 @@ The API sends coalesced batches, so one task is many queries. The solo pool runs
 the main thread: encoding there avoids the OpenMP spin-wait penalty of a pool thread (measured
 ~2× for a lone query), and batches need no concurrency inside one process — the encoder uses
 every core it is given. Scale out with processes.
+
+A worker started with ``--shards NAME:KEY,...`` (RAGLINE_WORKER_SHARDS) serves only those shards
+of sharded indexes, from their queues (``ragline.search_shard``), and takes no batches: a solo
+worker waiting on a shard's reply could not serve that shard meanwhile (see shard_search.py).
 """
 
 from __future__ import annotations
@@ -15,13 +19,28 @@ from typing import Any
 from celery import Task
 from celery.signals import worker_init
 
-from broker import documents, indexes, jobs
+from broker import documents, indexes, jobs, metrics, shards
+from broker.backpressure import count_done
 from broker.cancel import is_cancelled
 from broker.celery_app import create_celery
-from broker.contract import Cancelled, ContractError, Error, GenerateTask, RetrieveTask, StreamEvent
+from broker.contract import (
+    Cancelled,
+    ContractError,
+    Error,
+    GenerateTask,
+    RetrieveTask,
+    SearchShardTask,
+    StreamEvent,
+)
 from broker.events import EventWriter, emit_many, finished
 from broker.keys import Keys
-from broker.queues import GENERATE_TASK, GENERATION_QUEUE, RETRIEVAL_QUEUE, RETRIEVE_TASK
+from broker.queues import (
+    GENERATE_TASK,
+    GENERATION_QUEUE,
+    RETRIEVAL_QUEUE,
+    RETRIEVE_TASK,
+    SEARCH_SHARD_TASK,
+)
 from broker.redis_pool import sync_client
 from broker.settings import get_settings
 from workers import heartbeat, metrics_server
@@ -33,6 +52,8 @@ from workers.retrieval.embedding_cache import EmbeddingCache
 from workers.retrieval.index_store import IndexCache
 from workers.retrieval.ingest import catalog
 from workers.retrieval.rerank import reranker
+from workers.retrieval.shard_search import ShardSearch, serve
+from workers.retrieval.sharded_ingest import register_sharded
 
 log = logging.getLogger(__name__)
 settings = get_settings()
@@ -42,8 +63,22 @@ keys = Keys(streams.key_prefix)
 app = create_celery(settings.redis)
 metrics_server.install(settings.redis)
 heartbeat.install(app, RETRIEVAL_QUEUE, settings.redis, host_defaults=settings.host_defaults_line())
+# None: every shard (searched in process); empty: none; else only these, and no batches.
+held_shards = shards.parse_selection(retrieval.worker_shards)
 
 _retriever: BatchRetriever | None = None
+_indexes: IndexCache | None = None
+
+
+def loaded_indexes() -> IndexCache:
+    global _indexes
+    if _indexes is None:
+        _indexes = IndexCache(sync_client(streams), keys, ef_search=retrieval.hnsw_ef_search)
+    return _indexes
+
+
+def _send_shard_task(task: SearchShardTask) -> None:
+    app.send_task(SEARCH_SHARD_TASK, kwargs=task.encode(), queue=shards.shard_queue(task.shard))
 
 
 def retriever() -> BatchRetriever:
@@ -58,8 +93,17 @@ def retriever() -> BatchRetriever:
             retrieval,
             embedder,
             cache,
-            IndexCache(client, keys, ef_search=retrieval.hnsw_ef_search),
+            loaded_indexes(),
             reranker=reranker(retrieval),
+            shards=ShardSearch(
+                client,
+                keys,
+                retrieval,
+                loaded_indexes(),
+                _send_shard_task,
+                held=held_shards,
+                socket_timeout_s=streams.redis_socket_timeout_s,
+            ),
         )
     return _retriever
 
@@ -71,12 +115,26 @@ def _warm_up(**_: object) -> None:
     for info in index_store.current_on_disk(settings.indexes_dir):
         if indexes.lookup(client, keys, info.name) is None:
             indexes.register(client, keys, info)
+        if not _holds(info.name):
+            continue
         # Load every current index now, so no first request pays for reading it from disk.
-        loaded = retriever().indexes.get(info.name)
+        loaded = loaded_indexes().get(info.name)
         # A version ingested before documents were listed (GET /v1/indexes/{name}/documents).
         if not documents.listed(client, keys, info.name, loaded.info.version):
             documents.write(client, keys, info.name, loaded.info.version, catalog(loaded.chunks))
-    retriever().embed_warm_up()
+    for shard_map in index_store.shard_maps_on_disk(settings.indexes_dir):
+        if shards.lookup(client, keys, shard_map.index) is None:
+            register_sharded(client, keys, settings.indexes_dir, shard_map)
+    if not held_shards:  # a shard worker never embeds
+        retriever().embed_warm_up()
+
+
+def _holds(index: str) -> bool:
+    """Whether this worker serves ``index``: a plain index when it takes batches, a shard when
+    it holds it."""
+    if shards.split_shard(index) is None:
+        return not held_shards
+    return held_shards is None or index in held_shards
 
 
 def _job_writer(request_id: str, job_id: str) -> EventWriter:
@@ -156,3 +214,27 @@ def retrieve(self: Task, **kwargs: Any) -> None:
             result.write_cache()
         except Exception:  # a cache write lost costs one encode later, nothing more
             log.warning("embedding cache write failed", exc_info=True)
+
+
+@app.task(name=SEARCH_SHARD_TASK, bind=True)
+def search_shard(self: Task, **kwargs: Any) -> None:
+    """One shard's part of a sharded search (:class:`~broker.contract.SearchShardTask`)."""
+    picked_at = time.time()
+    try:
+        task = SearchShardTask.decode(kwargs)
+    except ContractError as exc:
+        log.error("rejected %s task %s: %s", SEARCH_SHARD_TASK, self.request.id, exc)
+        return
+    if picked_at > task.deadline:
+        # Its coordinator has answered without it (a backlog, or a redelivery after a crash).
+        log.info("skipped shard search %s of %s: past its deadline", task.search_id, task.shard)
+        return
+    client = sync_client(streams)
+    reply = serve(task, loaded_indexes(), retrieval)
+    metrics.SHARD_SEARCHES.labels(task.shard, "queue").inc()
+    queue = shards.shard_queue(task.shard)
+    with client.pipeline(transaction=False) as pipe:
+        pipe.rpush(task.reply_to, reply.encode())
+        pipe.expire(task.reply_to, max(1, int(retrieval.shard_timeout_ms / 1000) + 1))
+        count_done(pipe, keys, queue, len(task.queries), time.time() - picked_at)
+        pipe.execute()

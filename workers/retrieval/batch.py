@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import faiss
@@ -18,7 +18,6 @@ from broker.contract import (
     Done,
     Error,
     GenerateTask,
-    MetadataFilter,
     RetrieveRequest,
     Source,
     Sources,
@@ -26,14 +25,15 @@ from broker.contract import (
     Timings,
     filter_key,
 )
+from broker.indexes import IndexInfo
 from broker.settings import RetrievalSettings
 from workers.retrieval.chunking import Chunk
 from workers.retrieval.embedder import Embedder
 from workers.retrieval.embedding_cache import EmbeddingCache
 from workers.retrieval.index_store import IndexCache, LoadedIndex, SearchKnobs, UnknownIndex
-from workers.retrieval.lexical import LexicalIndex
 from workers.retrieval.rerank import Reranker
-from workers.retrieval.search import Candidate, allowed_rows, diversify, fuse
+from workers.retrieval.search import Candidate, diversify
+from workers.retrieval.shard_search import ShardSearch, search_loaded
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,12 @@ class Retrieved:
 @dataclass(slots=True)
 class _Ranked:
     request: RetrieveRequest
-    index: LoadedIndex
+    info: IndexInfo
+    # What the candidates' rows index: the index's chunks, or a sharded search's merged ones.
+    chunks: Sequence[Chunk]
     candidates: list[Candidate]
+    # The shards of a sharded index that did not answer.
+    missing: tuple[str, ...] = ()
 
 
 class BatchRetriever:
@@ -63,12 +67,14 @@ class BatchRetriever:
         cache: EmbeddingCache,
         indexes: IndexCache,
         reranker: Reranker | None = None,
+        shards: ShardSearch | None = None,
     ) -> None:
         self._settings = settings
         self._embedder = embedder
         self._cache = cache
         self.indexes = indexes
         self._reranker = reranker
+        self._shards = shards
         faiss.cvar.distance_compute_blas_threshold = settings.faiss_blas_threshold
 
     def embed_warm_up(self) -> None:
@@ -119,6 +125,20 @@ class BatchRetriever:
         for r in requests:
             groups[(r.index, r.index_version, self._knobs(r), filter_key(r.filter))].append(r)
         for (index_name, version, knobs, _), group in groups.items():
+            sharded = self._shards.sharded(index_name) if self._shards is not None else None
+            if self._shards is not None and sharded is not None:
+                gathered = self._shards.search(
+                    sharded,
+                    [(r.query, self.mode(r)) for r in group],
+                    lambda q: vectors[row_of[q]],
+                    self._depth(max(r.top_k for r in group)),
+                    knobs,
+                    group[0].filter,
+                )
+                for r in group:
+                    found = gathered.candidates[(r.query, self.mode(r))]
+                    ranked.append(_Ranked(r, gathered.info, gathered.chunks, found, gathered.missing))
+                continue
             try:
                 loaded = self.indexes.get(index_name, version=version)
             except UnknownIndex:
@@ -126,7 +146,10 @@ class BatchRetriever:
                 events += [(r.request_id, unknown) for r in group]
                 continue
             found = self._search_group(loaded, group, vectors, row_of, knobs)
-            ranked += [_Ranked(r, loaded, candidates) for r, candidates in zip(group, found, strict=True)]
+            ranked += [
+                _Ranked(r, loaded.info, loaded.chunks, candidates)
+                for r, candidates in zip(group, found, strict=True)
+            ]
         search_s = time.perf_counter() - search_started
         metrics.SEARCH_SECONDS.observe(search_s)
         if self._reranker is not None and ranked:
@@ -135,28 +158,29 @@ class BatchRetriever:
 
         to_generate: list[GenerateTask] = []
         for item in ranked:
-            r, loaded = item.request, item.index
+            r, info = item.request, item.info
             top = self._top(item)
-            sources = [_source(loaded, c) for c in top]
+            sources = [_source(item.chunks, c) for c in top]
+            partial = {"partial": bool(item.missing), "partial_shards": list(item.missing)}
             timings = Timings(
                 queue_ms=max(0.0, (picked_at - r.enqueued_at) * 1000), retrieval_ms=retrieval_ms
             )
             events.append(
                 (
                     r.request_id,
-                    Sources(sources=sources, index_version=loaded.info.version, index=loaded.info.name),
+                    Sources(sources=sources, index_version=info.version, index=info.name, **partial),
                 )
             )
             if r.mode == "retrieval":
                 # A request the API degraded to retrieval-only says so in its `done` event.
                 degraded = dict(r.degraded) if r.degraded is not None else {}
-                events.append((r.request_id, Done(answer=None, timings=timings, **degraded)))
+                events.append((r.request_id, Done(answer=None, timings=timings, **degraded, **partial)))
             elif self._early_exit(r, top[0] if top else None):
                 best = sources[0]
                 cited = Citation(
                     marker=1, chunk_id=best.chunk_id, source=best.source, title=best.title, anchor=best.anchor
                 )
-                done = Done(answer=best.text, timings=timings, early_exit=True, citations=[cited])
+                done = Done(answer=best.text, timings=timings, early_exit=True, citations=[cited], **partial)
                 events.append((r.request_id, done))
             else:
                 task = GenerateTask(
@@ -168,6 +192,7 @@ class BatchRetriever:
                     job_id=r.job_id,
                     history=r.history,
                     sampling=r.sampling,
+                    partial_shards=item.missing,
                 )
                 to_generate.append(task)
         return Retrieved(events, to_generate, write_cache)
@@ -180,42 +205,17 @@ class BatchRetriever:
         row_of: dict[str, int],
         knobs: SearchKnobs,
     ) -> list[list[Candidate]]:
-        """One dense search for the group's dense and hybrid queries, one lexical search for its
-        lexical and hybrid ones, each as deep as the deepest request needs."""
-        flt = group[0].filter
-        allowed = loaded.allowed(filter_key(flt), _allowing(flt)) if flt else None
-        depth = self._depth(max(r.top_k for r in group))
-        dense_reqs = [r for r in group if self.mode(r) != "lexical"]
-        lexical_reqs = [r for r in group if self.mode(r) != "dense"]
-        dense: dict[str, list[tuple[int, float]]] = {}
-        lexical: dict[str, list[tuple[int, float]]] = {}
-        if dense_reqs:
-            queries = sorted({r.query for r in dense_reqs})
-            rows = vectors[[row_of[q] for q in queries]]
-            dense = dict(zip(queries, loaded.search_rows(rows, depth, knobs, allowed=allowed), strict=True))
-        if lexical_reqs:
-            queries = sorted({r.query for r in lexical_reqs})
-            index = _lexical(loaded)
-            lexical = dict(zip(queries, index.search(queries, depth, allowed=allowed), strict=True))
-        s = self._settings
-        out = []
-        for r in group:
-            mode = self.mode(r)
-            if mode == "dense":
-                out.append([Candidate(row, score, score) for row, score in dense[r.query]])
-            elif mode == "lexical":
-                out.append([Candidate(row, score) for row, score in lexical[r.query]])
-            else:
-                out.append(
-                    fuse(
-                        dense[r.query],
-                        lexical[r.query],
-                        rrf_k=s.rrf_k,
-                        dense_weight=s.hybrid_dense_weight,
-                        lexical_weight=s.hybrid_lexical_weight,
-                    )
-                )
-        return out
+        """The group's searches (see :func:`search_loaded`), as deep as its deepest request needs."""
+        found = search_loaded(
+            loaded,
+            [(r.query, self.mode(r)) for r in group],
+            lambda q: vectors[row_of[q]],
+            self._depth(max(r.top_k for r in group)),
+            knobs,
+            group[0].filter,
+            self._settings,
+        )
+        return [found[(r.query, self.mode(r))] for r in group]
 
     def _rerank(self, ranked: list[_Ranked]) -> None:
         """One cross-encoder call for the whole batch: each query's first candidates re-scored
@@ -223,7 +223,7 @@ class BatchRetriever:
         assert self._reranker is not None
         depth = self._settings.reranker_candidates
         pairs = [
-            (item.request.query, item.index.chunks[c.row].embed_text)
+            (item.request.query, item.chunks[c.row].embed_text)
             for item in ranked
             for c in item.candidates[:depth]
         ]
@@ -241,25 +241,15 @@ class BatchRetriever:
             return item.candidates[: r.top_k]
         return diversify(
             item.candidates,
-            item.index.chunks,
+            item.chunks,
             r.top_k,
             per_section=s.max_chunks_per_section,
             per_file=s.max_chunks_per_file,
         )
 
 
-def _allowing(flt: MetadataFilter) -> Callable[[list[Chunk]], np.ndarray]:
-    return lambda chunks: allowed_rows(chunks, flt)
-
-
-def _lexical(loaded: LoadedIndex) -> LexicalIndex:
-    if loaded.lexical is None:  # an index loaded without one (tests, tools): build it once
-        loaded.lexical = LexicalIndex.build([c.embed_text for c in loaded.chunks])
-    return loaded.lexical
-
-
-def _source(loaded: LoadedIndex, candidate: Candidate) -> Source:
-    c = loaded.chunks[candidate.row]
+def _source(chunks: Sequence[Chunk], candidate: Candidate) -> Source:
+    c = chunks[candidate.row]
     return Source(
         chunk_id=c.chunk_id,
         source=c.source,

@@ -26,7 +26,7 @@ import faiss
 import numpy as np
 import redis
 
-from broker import indexes
+from broker import indexes, shards
 from broker.indexes import IndexInfo
 from broker.keys import Keys
 from workers.retrieval import ondisk
@@ -366,6 +366,21 @@ def current_on_disk(root: Path) -> list[IndexInfo]:
     return found
 
 
+_SHARD_MAP = "SHARDS.json"
+
+
+def write_shard_map(root: Path, shard_map: shards.ShardMap) -> None:
+    """A sharded index's map beside its shards (``<name>/SHARDS.json``), so a worker can register
+    it again after Redis lost the registry."""
+    base = root / shards.check_logical_name(shard_map.index)
+    base.mkdir(parents=True, exist_ok=True)
+    _write_atomic(base / _SHARD_MAP, shard_map.encode())
+
+
+def shard_maps_on_disk(root: Path) -> list[shards.ShardMap]:
+    return [shards.ShardMap.decode(p.read_text()) for p in sorted(root.glob(f"*/{_SHARD_MAP}"))]
+
+
 def load(info: IndexInfo, *, ef_search: int) -> LoadedIndex:
     path = Path(info.path)
     index = _read_index(info)
@@ -407,8 +422,9 @@ class IndexCache:
         if loaded is not None and (loaded.info.version == version or (version is None and fresh)):
             return loaded
         info = indexes.lookup(self._client, self._keys, name)
-        if info is None:
-            # Deleted (DELETE /v1/indexes/{name}): its memory goes with it.
+        if info is None or info.index_type == shards.SHARDED_TYPE:
+            # Deleted (DELETE /v1/indexes/{name}): its memory goes with it. A sharded index has no
+            # files of its own to load (its shards do; this is one whose shard map is gone).
             self._loaded.pop(name, None)
             raise UnknownIndex(name)
         if loaded is None or loaded.info.version != info.version:

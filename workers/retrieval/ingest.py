@@ -15,7 +15,7 @@ import faiss
 import numpy as np
 from tqdm import tqdm
 
-from broker import documents, indexes
+from broker import documents, indexes, shards
 from broker.documents import DocumentEntry
 from broker.indexes import IndexInfo
 from broker.keys import Keys
@@ -179,7 +179,19 @@ def ingest(
     meta: Mapping[str, str] | None = None,
 ) -> IngestReport:
     started = time.perf_counter()
-    retrieval = settings.retrieval
+    chunks, files = read_chunks(settings.retrieval, paths, meta)
+    client = sync_client(settings.redis)
+    keys = Keys(settings.redis.key_prefix)
+    if shards.lookup(client, keys, index_name) is not None:
+        raise ValueError(f"index {index_name!r} is sharded: ingest it with its --shards or --shard-by")
+    builder = VersionBuilder(settings, embedder or Embedder(settings.retrieval), progress=progress)
+    report = builder.build(index_name, chunks, index_type=index_type, files=files)
+    return replace(report, seconds=time.perf_counter() - started)
+
+
+def read_chunks(
+    retrieval: RetrievalSettings, paths: list[Path], meta: Mapping[str, str] | None
+) -> tuple[list[Chunk], int]:
     chunks, files = collect_chunks(
         paths,
         chunk_words=retrieval.chunk_words,
@@ -189,38 +201,59 @@ def ingest(
     )
     if not chunks:
         raise ValueError("no readable text found in " + ", ".join(map(str, paths)))
-    embedder = embedder or Embedder(retrieval)
-    client = sync_client(settings.redis)
-    keys = Keys(settings.redis.key_prefix)
-    cache = EmbeddingCache.for_settings(client, keys, retrieval, model_id=embedder.model_id, dim=embedder.dim)
-    encode = _TimedEncoder(embedder)
-    vectors = embed_chunks(
-        embedder, chunks, batch_size=retrieval.embed_batch_size, progress=progress, cache=cache, encode=encode
-    )
-    index = build_index(retrieval, vectors, index_type)
-    lexical = LexicalIndex.build([c.embed_text for c in chunks])
-    info = index_store.save(
-        settings.indexes_dir, index_name, index, chunks, index_type=index_type, lexical=lexical
-    )
-    info = record_counts(info, chunks)
-    previous = indexes.lookup(client, keys, index_name)
-    # The documents' list, then the registry: workers and the API switch only once every file of
-    # the new version, and its list, is in place.
-    documents.write(client, keys, index_name, info.version, catalog(chunks))
-    indexes.register(client, keys, info)
-    if previous is not None:
-        documents.retire(client, keys, index_name, previous.version)
-    index_files = (Path(info.path, "index.faiss"), Path(info.path, ondisk.LISTS))
-    index_bytes = sum(p.stat().st_size for p in index_files if p.exists())
-    estimates = index_store.bytes_per_vector_estimates(
-        embedder.dim, hnsw_m=retrieval.hnsw_m, pq_m=retrieval.ivf_pq_m
-    )
-    return IngestReport(
-        info=info,
-        files=files,
-        bytes_per_vector=index_bytes / len(chunks),
-        estimates=estimates,
-        seconds=time.perf_counter() - started,
-        encode_seconds=encode.seconds,
-        encoded=encode.count,
-    )
+    return chunks, files
+
+
+class VersionBuilder:
+    """Embeds chunks and makes them the next version of an index: saved, listed, registered."""
+
+    def __init__(self, settings: Settings, embedder: Embedder, *, progress: bool) -> None:
+        self._settings = settings
+        self._embedder = embedder
+        self._progress = progress
+        self.client = sync_client(settings.redis)
+        self.keys = Keys(settings.redis.key_prefix)
+        retrieval = settings.retrieval
+        self._cache = EmbeddingCache.for_settings(
+            self.client, self.keys, retrieval, model_id=embedder.model_id, dim=embedder.dim
+        )
+
+    def build(self, index_name: str, chunks: list[Chunk], *, index_type: str, files: int) -> IngestReport:
+        started = time.perf_counter()
+        retrieval, client, keys = self._settings.retrieval, self.client, self.keys
+        encode = _TimedEncoder(self._embedder)
+        vectors = embed_chunks(
+            self._embedder,
+            chunks,
+            batch_size=retrieval.embed_batch_size,
+            progress=self._progress,
+            cache=self._cache,
+            encode=encode,
+        )
+        index = build_index(retrieval, vectors, index_type)
+        lexical = LexicalIndex.build([c.embed_text for c in chunks])
+        info = index_store.save(
+            self._settings.indexes_dir, index_name, index, chunks, index_type=index_type, lexical=lexical
+        )
+        info = record_counts(info, chunks)
+        previous = indexes.lookup(client, keys, index_name)
+        # The documents' list, then the registry: workers and the API switch only once every file
+        # of the new version, and its list, is in place.
+        documents.write(client, keys, index_name, info.version, catalog(chunks))
+        indexes.register(client, keys, info)
+        if previous is not None:
+            documents.retire(client, keys, index_name, previous.version)
+        index_files = (Path(info.path, "index.faiss"), Path(info.path, ondisk.LISTS))
+        index_bytes = sum(p.stat().st_size for p in index_files if p.exists())
+        estimates = index_store.bytes_per_vector_estimates(
+            self._embedder.dim, hnsw_m=retrieval.hnsw_m, pq_m=retrieval.ivf_pq_m
+        )
+        return IngestReport(
+            info=info,
+            files=files,
+            bytes_per_vector=index_bytes / len(chunks),
+            estimates=estimates,
+            seconds=time.perf_counter() - started,
+            encode_seconds=encode.seconds,
+            encoded=encode.count,
+        )
