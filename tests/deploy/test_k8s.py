@@ -3,6 +3,9 @@
 Every built-in object validates (strictly: unknown fields fail) against the Kubernetes 1.30 OpenAPI
 schemas that PyPI's `kubernetes-validate` bundles. KEDA ScaledObjects have no bundled schema; they
 get a structural check instead. No cluster, no network.
+
+The shard-group component (deploy/k8s/components/shards) is checked with the base, as the objects
+are with it enabled; its patch of the base retrieval workers is checked on its own.
 """
 
 from __future__ import annotations
@@ -15,11 +18,16 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from broker import shards
+from broker.queues import RETRIEVAL_QUEUE
+
 REPO = Path(__file__).resolve().parents[2]
 K8S_DIR = REPO / "deploy" / "k8s"
+SHARDS_DIR = K8S_DIR / "components" / "shards"
 K8S_VERSION = "1.30.0"
 
 WORKERS = ("retrieval-worker", "generation-worker", "callbacks-worker", "ingest-worker")
+SHARD_GROUPS = ("retrieval-shards-a",)
 SECRET = "ragline-secrets"  # created by hand (docs/operations.md), never in this repository
 NAMESPACE = "ragline"
 WORKER_METRICS_PORT = 9100
@@ -28,13 +36,20 @@ METRICS_URL = f"http://127.0.0.1:{WORKER_METRICS_PORT}/metrics"
 NON_CORE_API_GROUPS = ("keda.sh/", "kustomize.config.k8s.io/")
 
 
+def _load(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    with path.open(encoding="utf-8") as fh:
+        return [(str(path.relative_to(K8S_DIR)), doc) for doc in yaml.safe_load_all(fh) if doc]
+
+
+def _shards_component() -> dict[str, Any]:
+    with (SHARDS_DIR / "kustomization.yaml").open(encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
 def _load_docs() -> list[tuple[str, dict[str, Any]]]:
-    docs = []
-    for path in sorted(K8S_DIR.glob("*.yaml")):
-        with path.open(encoding="utf-8") as fh:
-            for doc in yaml.safe_load_all(fh):
-                if doc:
-                    docs.append((path.name, doc))
+    docs = [doc for path in sorted(K8S_DIR.glob("*.yaml")) for doc in _load(path)]
+    for name in _shards_component()["resources"]:
+        docs += _load(SHARDS_DIR / name)
     return docs
 
 
@@ -315,10 +330,15 @@ def test_api_probes_and_graceful_shutdown() -> None:
 
 
 @pytest.mark.parametrize("name", WORKERS)
-def test_worker_command_metrics_port_and_probes(name: str) -> None:
+def test_worker_command(name: str) -> None:
+    container = _container(_objects("Deployment")[name])
+    assert container["command"] == ["ragline", "worker", name.removesuffix("-worker")]
+
+
+@pytest.mark.parametrize("name", WORKERS + SHARD_GROUPS)
+def test_worker_metrics_port_and_probes(name: str) -> None:
     deployment = _objects("Deployment")[name]
     container = _container(deployment)
-    assert container["command"] == ["ragline", "worker", name.removesuffix("-worker")]
     assert _env(container)["RAGLINE_WORKER_METRICS_PORT"] == str(WORKER_METRICS_PORT)
     # Loopback is the default; Prometheus scrapes the pod's address (the NetworkPolicy guards it).
     assert _env(container)["RAGLINE_WORKER_METRICS_HOST"] == "0.0.0.0"
@@ -334,7 +354,7 @@ def test_worker_command_metrics_port_and_probes(name: str) -> None:
         assert container[kind]["timeoutSeconds"] >= 3, f"{name} {kind}: timeout below the urlopen timeout"
 
 
-@pytest.mark.parametrize("name", WORKERS)
+@pytest.mark.parametrize("name", WORKERS + SHARD_GROUPS)
 def test_worker_grace_lets_tasks_finish_before_redelivery(name: str) -> None:
     grace = _objects("Deployment")[name]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     visibility = int(_configmap_env()["RAGLINE_VISIBILITY_TIMEOUT_S"])
@@ -495,7 +515,7 @@ def test_redis_admits_only_ragline_pods() -> None:
     assert not _admitted(_pod_labels("api"), redis, 6380)
 
 
-@pytest.mark.parametrize("name", WORKERS)
+@pytest.mark.parametrize("name", WORKERS + SHARD_GROUPS)
 def test_worker_metrics_admit_ragline_pods_and_prometheus_only(name: str) -> None:
     worker = _pod_labels(name)
     assert _admitted(_pod_labels("api"), worker, WORKER_METRICS_PORT)
@@ -601,3 +621,80 @@ def test_retrieval_scales_on_queue_depth() -> None:
     depth = _query(so, 'ragline_queue_depth{queue="retrieval"}')
     assert depth.get("metricType", "AverageValue") == "AverageValue"
     assert float(depth["metadata"]["threshold"]) > 0
+
+
+# -- shard groups (components/shards) -------------------------------------------------------
+
+
+def test_shards_component_lists_every_manifest() -> None:
+    component = _shards_component()
+    assert component["apiVersion"] == "kustomize.config.k8s.io/v1alpha1"
+    assert component["kind"] == "Component"
+    listed = [*component["resources"], *(p["path"] for p in component["patches"])]
+    assert sorted(listed) == sorted(
+        p.name for p in SHARDS_DIR.glob("*.yaml") if p.name != "kustomization.yaml"
+    )
+    assert {f"{name}.yaml" for name in SHARD_GROUPS} == set(component["resources"])
+
+
+def _shard_group_queues(name: str) -> list[str]:
+    """The queues the group's command makes its workers consume."""
+    command = _container(_objects("Deployment")[name])["command"]
+    assert command[:4] == ["ragline", "worker", "retrieval", "--shards"] and len(command) == 5, command
+    selection = shards.parse_selection(command[4])
+    assert selection, f"{name}: a shard group names its shards (not `all` or `none`): {command[4]}"
+    return shards.worker_queues([], selection)
+
+
+@pytest.mark.parametrize("name", SHARD_GROUPS)
+def test_shard_group_consumes_only_its_shard_queues(name: str) -> None:
+    queues = _shard_group_queues(name)
+    assert RETRIEVAL_QUEUE not in queues, "a shard worker takes no batches"
+    for queue in queues:
+        shard = queue.removeprefix(f"{RETRIEVAL_QUEUE}.")
+        assert shards.split_shard(shard) and shards.shard_queue(shard) == queue, queue
+    labels = _pod_labels(name)
+    # The component label the NetworkPolicies admit for every group; the group label sets it apart.
+    assert labels["app.kubernetes.io/component"] == "retrieval-shards"
+    assert labels["ragline.io/shard-group"]
+
+
+@pytest.mark.parametrize("name", SHARD_GROUPS)
+def test_shard_group_scales_on_exactly_its_shard_queues(name: str) -> None:
+    [so] = [s for s in SCALED_OBJECTS if s["spec"]["scaleTargetRef"]["name"] == name]
+    triggered = []
+    for trigger in so["spec"]["triggers"]:
+        query = trigger["metadata"]["query"]
+        queues = re.findall(r'queue="([^"]+)"', query)
+        assert len(queues) == 1, f"{name}: one shard queue per trigger: {query}"
+        assert query == f'max(ragline_shard_queue_waiting{{queue="{queues[0]}"}})', query
+        assert trigger.get("metricType", "AverageValue") == "AverageValue"
+        assert float(trigger["metadata"]["threshold"]) > 0
+        triggered += queues
+    assert sorted(triggered) == sorted(_shard_group_queues(name)), (
+        f"{name}: the triggers must list exactly the queues its command consumes"
+    )
+    # A shard whose every pod is gone drops out of every answer.
+    assert so["spec"]["minReplicaCount"] >= 1
+
+
+@pytest.mark.parametrize("name", SHARD_GROUPS)
+def test_shard_group_is_found_by_prometheus(name: str) -> None:
+    text = (REPO / "deploy" / "prometheus" / "prometheus.yml").read_text(encoding="utf-8")
+    assert f"{name}.ragline.svc.cluster.local" in text
+    assert "retrieval-shards" in text.split("regex:", 1)[1].splitlines()[0]
+
+
+def test_coordinators_take_batches_and_hold_no_shard() -> None:
+    """With shard groups, the base retrieval workers keep taking batches and search every shard over
+    its queue, loading none: the patch changes only their command."""
+    [(_, patch)] = _load(SHARDS_DIR / "coordinator.yaml")
+    assert (patch["kind"], patch["metadata"]["name"]) == ("Deployment", "retrieval-worker")
+    [container] = patch["spec"]["template"]["spec"]["containers"]
+    assert container["name"] == _container(_objects("Deployment")["retrieval-worker"])["name"]
+    assert set(container) == {"name", "command"}
+    command = container["command"]
+    assert command[:4] == ["ragline", "worker", "retrieval", "--shards"] and len(command) == 5, command
+    selection = shards.parse_selection(command[4])
+    assert selection == frozenset()
+    assert shards.worker_queues([], selection) == [RETRIEVAL_QUEUE]
