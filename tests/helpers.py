@@ -343,10 +343,13 @@ def finished_job_record(webhook_url: str, *, owner: str = "carol") -> dict[str, 
 
 
 @contextlib.contextmanager
-def redis_server(tmp_path: Path, *, maxmemory: str = "0", exe: str | None = None) -> Iterator[redis.Redis]:
+def redis_server(
+    tmp_path: Path, *, maxmemory: str = "0", exe: str | None = None, port: int | None = None
+) -> Iterator[redis.Redis]:
     """A redis-server of the test's own on a free port (the shared one's config is not ours to
-    change), ``maxmemory`` with noeviction as ragline deploys it; ``exe``: another build's."""
-    port = free_port()
+    change), ``maxmemory`` with noeviction as ragline deploys it; ``exe``: another build's;
+    ``port``: a given one (a server started again where the last one was)."""
+    port = port or free_port()
     exe = exe or shutil.which("redis-server")
     assert exe, "redis-server is needed (Debian: apt-get install -y redis-server)"
     args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp_path)]

@@ -4,13 +4,10 @@ redis-server and a real Celery worker (kombu's own transport made the worker exi
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,34 +15,9 @@ import redis
 
 from broker.celery_app import create_celery
 from broker.settings import Settings
-from tests.helpers import free_port
+from tests.helpers import free_port, redis_server
 
 ROOT = Path(__file__).parents[2]
-
-
-@contextmanager
-def _redis_on(port: int, folder: Path) -> Iterator[subprocess.Popen[bytes]]:
-    exe = shutil.which("redis-server")
-    assert exe, "redis-server is needed (Debian: apt-get install -y redis-server)"
-    server = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(folder)],
-        stdout=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=port, socket_timeout=2)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
-    try:
-        yield server
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait(10)
 
 
 def _wait_for(client: redis.Redis, marker: bytes, timeout_s: float) -> bool:
@@ -69,28 +41,28 @@ def test_a_worker_holding_a_task_survives_a_redis_restart(tmp_path: Path) -> Non
     env = dict(os.environ, RAGLINE_RESTART_TEST_URL=url)
     command = [sys.executable, "-m", "celery", "-A", "tests.broker.restart_app", "worker"]
     command += ["-P", "threads", "-c", "2", "-Q", "retrieval", "--without-gossip", "--without-mingle"]
-    with _redis_on(port, tmp_path) as server:
-        worker = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        with redis_server(tmp_path, port=port):
+            worker = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             app.send_task("test.hold", args=["warm", 0], queue="retrieval")
             assert _wait_for(client, b"warm", 60), "the worker did not start consuming"
             app.send_task("test.hold", args=["held", 5], queue="retrieval")
             time.sleep(1.5)  # taken, unacknowledged, and its worker busy on it
-            server.kill()
-            server.wait(10)
-            with _redis_on(port, tmp_path):
-                time.sleep(2)
-                assert worker.poll() is None, "the worker exited when Redis went away"
-                app.send_task("test.hold", args=["after", 0], queue="retrieval")
-                assert _wait_for(client, b"after", 45), "the worker did not consume after the restart"
-                assert worker.poll() is None
-        finally:
+        with redis_server(tmp_path, port=port):  # the same port: Redis restarted
+            time.sleep(2)
+            assert worker.poll() is None, "the worker exited when Redis went away"
+            app.send_task("test.hold", args=["after", 0], queue="retrieval")
+            assert _wait_for(client, b"after", 45), "the worker did not consume after the restart"
+            assert worker.poll() is None
+    finally:
+        if worker is not None:
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait(10)
