@@ -20,7 +20,6 @@ background and keeps the latest snapshot in memory, so a request never waits on 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import threading
@@ -315,8 +314,10 @@ class BackpressureMonitor:
     async def refresh(self, *, now_ms: int | None = None) -> Snapshot:
         """One round trip: measure (if this process wins the lease) or fetch the shared snapshot."""
         lease_ms = max(1, round(self._refresh_s * 1000))
-        won, fields = await asyncio.wait_for(
-            self._script(
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation that
+        # arrives as the call completes.
+        async with asyncio.timeout(self._timeout_s):
+            won, fields = await self._script(
                 keys=self._script_keys,
                 args=[
                     lease_ms,
@@ -325,9 +326,7 @@ class BackpressureMonitor:
                     self._heartbeat_ttl_s,
                     *self._queues,
                 ],
-            ),
-            self._timeout_s,
-        )
+            )
         self.refreshed += int(won)
         snapshot = parse(fields, self._queues, received=time.monotonic())
         if snapshot.at_ms:  # an empty hash (nobody measured yet) tells nothing
@@ -359,9 +358,14 @@ class BackpressureMonitor:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self.run(), name="backpressure")
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+    async def stop(self, *, timeout_s: float = 2.0) -> None:
+        """Cancel the refresh loop and wait for it, at most ``timeout_s``: a cancellation that
+        comes as the loop starts can be lost (seen on Python 3.11: the task then never ends), and
+        a shutdown must not wait on it."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        _, pending = await asyncio.wait({task}, timeout=timeout_s)
+        if pending:
+            log.warning("the backpressure refresh did not stop within %.0f s of its cancellation", timeout_s)

@@ -327,3 +327,25 @@ def test_one_slow_task_in_flight_does_not_make_a_lone_request_wait_long(redis_ur
     assert worst < 30.0, f"a lone request next to one in flight was predicted to wait {worst:.1f} s"
     # It finds a free slot: its own time at the concurrency of two, which lone tasks put at theirs.
     assert all(load.predicted_wait_s() == pytest.approx(14.0) for load in seen)
+
+
+def test_stop_does_not_wait_on_a_refresh_that_lost_its_cancellation(redis_url: str) -> None:
+    """redis-py's asyncio client can lose a cancellation that comes as a call starts, and the
+    refresh loop then runs on: stop gives up after its bound instead of hanging the shutdown."""
+    monitor = _monitor(redis_url, Keys("ragline-test-stop"), ("q",))
+
+    async def deaf() -> None:  # as the loop behaves once a cancellation is lost
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(30)
+
+    async def scenario() -> float:
+        monitor.run = deaf  # type: ignore[method-assign]
+        monitor.start()
+        await asyncio.sleep(0.01)
+        started = time.monotonic()
+        await monitor.stop(timeout_s=0.2)
+        return time.monotonic() - started
+
+    assert asyncio.run(scenario()) < 1.0
