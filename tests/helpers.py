@@ -399,3 +399,18 @@ def batch_retriever(settings: Settings, embedder: Any, **overrides: object) -> A
     return BatchRetriever(
         s.retrieval, embedder, cache, IndexCache(client, keys, ef_search=s.retrieval.hnsw_ef_search)
     )
+
+
+def result_cache_key(settings: Settings, body: dict[str, Any], *, version: str = "v1") -> str:
+    """The result cache's key for a query ``body``, as the pipeline makes it (an app in this
+    process, on the same settings: the API's own normalisation and digest)."""
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from api.protocol import QueryRequest
+
+    with TestClient(create_app(settings)) as local:
+        pipeline = local.app.state.pipeline  # type: ignore[attr-defined]
+        ctx = pipeline.validate(json.dumps(body).encode(), request_id="key", model=QueryRequest)
+        digest = pipeline.digest(ctx.asked)
+    return f"{Keys(settings.redis.key_prefix).result_cache}:{ctx.asked.index}:{version}:{digest}"

@@ -18,15 +18,12 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import redis
-from fastapi.testclient import TestClient
 
-from api.app import create_app
-from api.protocol import QueryRequest
 from broker.keys import Keys
 from broker.leases import REQUESTS
 from broker.queues import RETRIEVAL_QUEUE
 from broker.settings import Settings
-from tests.helpers import Api, api_key, own_prefix, start_api
+from tests.helpers import Api, api_key, own_prefix, result_cache_key, start_api
 
 pytestmark = pytest.mark.integration
 
@@ -69,12 +66,7 @@ def capped(
 
 
 def _plant(s: Settings, body: dict[str, str]) -> None:
-    # The cache key as the pipeline makes it (an app in this process, on the same settings).
-    with TestClient(create_app(s)) as local:
-        pipeline = local.app.state.pipeline  # type: ignore[attr-defined]
-        ctx = pipeline.validate(json.dumps(body).encode(), request_id="plant", model=QueryRequest)
-        key = f"{Keys(s.redis.key_prefix).result_cache}:{ctx.asked.index}:v1:{pipeline.digest(ctx.asked)}"
-    redis.Redis.from_url(s.redis.redis_url).set(key, json.dumps(CACHED))
+    redis.Redis.from_url(s.redis.redis_url).set(result_cache_key(s, body), json.dumps(CACHED))
 
 
 @contextlib.contextmanager

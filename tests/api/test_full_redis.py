@@ -18,7 +18,7 @@ from broker.contract import Done
 from broker.keys import Keys
 from broker.queues import GENERATION_QUEUE, RETRIEVAL_QUEUE
 from broker.settings import Settings
-from tests.helpers import api_key, redis_server, start_api
+from tests.helpers import api_key, redis_server, result_cache_key, start_api
 
 pytestmark = pytest.mark.integration
 
@@ -42,17 +42,6 @@ def _fill(client: redis.Redis) -> None:
         client.set("one-more", b"x")
 
 
-def _cache_key(client: redis.Redis, keys: Keys) -> str:
-    """The query's cache entry, found by the single-flight claim its first lookup left."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        claims = client.keys(f"{keys.result_cache}:test:v1:*:sf")
-        if claims:
-            return claims[0].decode().removesuffix(":sf")
-        time.sleep(0.05)
-    pytest.fail("the query left no single-flight claim")
-
-
 def test_a_full_redis_still_answers_200_and_429_and_refuses_new_jobs_with_503(
     settings: Settings, tmp_path: Path
 ) -> None:
@@ -72,9 +61,10 @@ def test_a_full_redis_still_answers_200_and_429_and_refuses_new_jobs_with_503(
         try:
             with httpx.Client(base_url=api.base, timeout=30) as http:
                 auth = {"Authorization": f"Bearer {key}"}
-                first = http.post("/v1/query", json=QUERY, headers=auth)  # claims it; nothing answers
+                first = http.post("/v1/query", json=QUERY, headers=auth)  # nothing answers
                 assert first.status_code == 504, first.text
-                entry = _cache_key(client, keys)
+                # Its claim is let go after the 504, so the entry's key is made as the API makes it.
+                entry = result_cache_key(s, QUERY)
                 cached = QueryResponse.from_done(Done(answer=None, cached=True), request_id="", sources=[])
                 client.set(entry, cached.model_dump_json(exclude={"request_id"}))
                 client.delete(f"{entry}:sf")
