@@ -72,7 +72,6 @@ for i, q in ipairs(queues) do
   for _, f in ipairs(SUMS) do prev_names[#prev_names + 1] = q .. ':' .. f end
   local prev = redis.call('HMGET', KEYS[1], unpack(prev_names))
   local prev_waiting = tonumber(prev[1]) or 0
-  local prev_depth = tonumber(prev[2]) or 0
   local rate = tonumber(prev[3]) or 0
   local known = tonumber(prev[4]) or 0
   local busy_ms = tonumber(prev[5]) or 0
@@ -102,11 +101,15 @@ for i, q in ipairs(queues) do
     -- waits or tasks finish; a task still running with nothing behind it says nothing about the
     -- rate until it ends (decaying it then is what made one slow request look like a stall).
     if prev_waiting > 0 or d_tasks > 0 then rate = rate + alpha * (d_requests / dt - rate) end
-    -- How long the queue has held work without a task finishing: how a stall shows.
-    if d_tasks > 0 or prev_depth == 0 then busy_ms = 0 else busy_ms = busy_ms + dt * 1000 end
+    -- How long work has waited without a task finishing: how a stall shows. Tasks held with
+    -- nothing behind them block no new request, and one may be held by no worker at all: kombu
+    -- keeps a task whose ack was lost (Redis restarted meanwhile) unacked until the visibility
+    -- timeout hands it back. Counted as a stall, that refused every request, so nothing
+    -- finished and the stall never ended.
+    if d_tasks > 0 or prev_waiting == 0 then busy_ms = 0 else busy_ms = busy_ms + dt * 1000 end
   end
   local depth = waiting + in_flight[q]
-  if depth == 0 then busy_ms = 0 end
+  if waiting == 0 then busy_ms = 0 end
   local live = redis.call('ZCOUNT', KEYS[base + 5], now / 1000 - heartbeat_ttl, '+inf')
   -- A worker that has just come up (started again after a crash, say) is not part of the stall
   -- measured before it: what waited for it through the outage would otherwise read as a queue it

@@ -43,7 +43,7 @@ _REFRESH = resources.files("broker").joinpath("backpressure.lua").read_text()
 # Below this variance of the tasks' concurrency (half a task's spread) their times say nothing
 # about how concurrency changes a task's time: a line through them would be noise.
 MIN_CONCURRENCY_VARIANCE = 0.25
-# A queue that holds work and has finished nothing for this many times a task's expected time
+# A queue where work waits and nothing has finished for this many times a task's expected time
 # (and at least STALL_MIN_S) is stalled: its predicted wait is infinite.
 STALL_FACTOR = 4.0
 STALL_MIN_S = 5.0
@@ -196,7 +196,7 @@ class QueueLoad:
     live_workers: int = 0  # workers with a fresh heartbeat on this queue
     slots: int = 1  # tasks one worker runs at once, as its tasks report it
     service: ServiceTimes = ServiceTimes()
-    busy_s: float = 0.0  # how long the queue has held work without a task finishing
+    busy_s: float = 0.0  # how long work has waited in the queue without a task finishing
     rate: float = 0.0  # requests completed per second while busy (EWMA; a gauge, not used to admit)
 
     @property
@@ -206,8 +206,8 @@ class QueueLoad:
 
     @property
     def stalled(self) -> bool:
-        """Work held and nothing finished for many times what the tasks in flight should take."""
-        if self.depth == 0:
+        """Work waiting and nothing finished for many times what the tasks in flight should take."""
+        if self.waiting == 0:
             return False
         running = min(self.slots, max(1.0, self.in_flight / max(1, self.live_workers)))
         return self.busy_s > max(STALL_MIN_S, STALL_FACTOR * self.service.at(running))

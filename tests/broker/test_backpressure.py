@@ -221,6 +221,31 @@ def test_a_worker_that_comes_up_starts_the_stall_afresh(redis_url: str) -> None:
     assert still.busy_s == pytest.approx(1.0)  # and it counts again from there
 
 
+def test_a_task_held_with_nothing_waiting_is_no_stall(redis_url: str) -> None:
+    """A task kombu still lists as unacknowledged, with nothing waiting behind it (its ack was lost
+    when Redis restarted; the visibility timeout hands it back minutes later), blocks no new
+    request. Counted as a stall, it refused every request, so nothing finished and it never ended."""
+    queue = f"bp-{uuid.uuid4().hex[:8]}"
+    keys = Keys(f"ragline-test-{uuid.uuid4().hex[:8]}")
+    sync = redis.Redis.from_url(redis_url)
+
+    async def scenario() -> list[QueueLoad]:
+        monitor = _monitor(redis_url, keys, (queue,), tau_s=1.0)
+        t = 1_000_000
+        await _at(monitor, queue, t)
+        _counted(sync, keys, queue, (0.05, 1.0))
+        await _at(monitor, queue, t + 1000)
+        tags = _plant_in_flight(sync, queue, 1)
+        try:
+            return [await _at(monitor, queue, t + k * 1000) for k in range(2, 60)]
+        finally:
+            sync.hdel("unacked", *tags)
+
+    held = asyncio.run(scenario())
+    assert all(load.in_flight == 1 and load.busy_s == 0 for load in held)
+    assert not any(math.isinf(load.predicted_wait_s()) for load in held)
+
+
 def test_stalled_queue_predicts_an_infinite_wait() -> None:
     service = ServiceTimes.of((1.0, 1.0))
     load = QueueLoad("q", waiting=3, in_flight=1, known=True, service=service, busy_s=60.0)
