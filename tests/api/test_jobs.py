@@ -225,7 +225,7 @@ def test_rag_job_runs_to_done_and_its_webhook_verifies(
         events = list(parse_sse(r.iter_lines()))
     assert events[0][1] == "sources" and events[-1][1] == "done"
     assert events[-1][2]["answer"] == result["answer"]
-    assert "".join(e[2]["text"] for e in events if e[1] == "token").strip() == result["answer"]
+    assert "".join(e[2]["text"] for e in events if e[1] == "token") == result["answer"]
 
     time.sleep(1.0)
     assert len(receiver.received(url)) == 1

@@ -121,7 +121,7 @@ def _check_whole(events: list[StreamEvent], replayed: list[StreamEvent]) -> Done
     done = events[-1]
     assert isinstance(done, DoneEvent)
     tokens = "".join(e.text for e in events if isinstance(e, TokenEvent))
-    assert done.answer and tokens.strip() == done.answer
+    assert done.answer and tokens == done.answer
     return done
 
 

@@ -27,6 +27,7 @@ from broker.redis_pool import sync_client
 from broker.settings import get_settings
 from workers import heartbeat, metrics_server
 from workers.finished_streams import finished_ttl
+from workers.generation.answer_text import AnswerText
 from workers.generation.engine import EngineHost, EngineUnavailable, GenerationTimeout
 from workers.generation.hf_engine import TransformersEngine
 from workers.generation.model_prep import generation_model_path
@@ -131,7 +132,7 @@ def generate(self: Task, **kwargs: Any) -> None:
         generation, _tokenizer, task.query, task.sources, history=task.history, max_tokens=max_tokens
     )
     started = time.perf_counter()
-    pieces: list[str] = []
+    answer_text = AnswerText()
     first_token_ms: float | None = None
     completion_tokens = 0
     finish_reason: str | None = None
@@ -151,12 +152,11 @@ def generate(self: Task, **kwargs: Any) -> None:
                 return
             completion_tokens = delta.completion_tokens
             finish_reason = delta.finish_reason or finish_reason
-            if delta.text:
+            if text := answer_text.feed(delta.text):
                 if first_token_ms is None:
                     first_token_ms = (time.perf_counter() - started) * 1000
                     metrics.TTFT_SECONDS.observe(first_token_ms / 1000)
-                pieces.append(delta.text)
-                writer.emit(Token(text=delta.text))
+                writer.emit(Token(text=text))
     except EngineUnavailable as exc:
         # The engine died under us (e.g. Ctrl-C reached its process first) or the worker is
         # stopping: give the task back.
@@ -187,7 +187,7 @@ def generate(self: Task, **kwargs: Any) -> None:
             "first_token_ms": first_token_ms or generation_ms,
         }
     )
-    answer = "".join(pieces).strip()
+    answer = answer_text.text
     done = Done(
         answer=answer,
         usage=Usage(prompt_tokens=prompt.prompt_tokens, completion_tokens=completion_tokens),
