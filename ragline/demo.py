@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import tempfile
 import textwrap
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from broker.settings import Settings
@@ -31,6 +33,27 @@ def write_demo_corpus(dest: Path) -> int:
     return len(topics)
 
 
+def _in_thread(work: Callable[[], object]) -> None:
+    """Run ``work`` in a thread of its own and wait for it in short steps. A signal's
+    KeyboardInterrupt reaches the main thread only between bytecodes: inside an embedding batch
+    it came seconds late, and stopping on SIGTERM overran its bound. Interrupted, the work is left
+    to die with the process (an ingest swaps its index in only once it is complete)."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="demo-ingest", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.1)
+    if failed:
+        raise failed[0]
+
+
 def run_demo(settings: Settings) -> int:
     from workers.retrieval.ingest import ingest
 
@@ -42,7 +65,7 @@ def run_demo(settings: Settings) -> int:
         with tempfile.TemporaryDirectory(prefix="ragline-demo-") as tmp:
             n = write_demo_corpus(Path(tmp))
             print(f"ingesting {n} pydoc topics into index {DEMO_INDEX!r}", flush=True)
-            ingest(stack.settings, [Path(tmp)], index_name=DEMO_INDEX)
+            _in_thread(lambda: ingest(stack.settings, [Path(tmp)], index_name=DEMO_INDEX))
         print("waiting for the workers (the vLLM engine takes a minute or two to start)", flush=True)
         stack.wait_ready()
         with Client(stack.api_base, timeout=settings.api.request_timeout_s + 10) as client:
