@@ -103,6 +103,7 @@ def retriever() -> BatchRetriever:
                 _send_shard_task,
                 held=held_shards,
                 socket_timeout_s=streams.redis_socket_timeout_s,
+                heartbeat_ttl_s=streams.worker_heartbeat_ttl_s,
             ),
         )
     return _retriever
