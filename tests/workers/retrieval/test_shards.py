@@ -12,6 +12,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -328,6 +329,21 @@ def _small_index(settings: Settings, embedder, root: Path, name: str) -> Iterato
             shutil.rmtree(settings.indexes_dir / folder, ignore_errors=True)
 
 
+def _wait_beating(settings: Settings, proc: Proc, queues: tuple[str, ...], timeout: float) -> None:
+    """Until ``proc``'s worker has a heartbeat on each of ``queues``."""
+    assert proc.proc is not None
+    client = redis.Redis.from_url(settings.redis.redis_url)
+    keys = Keys(settings.redis.key_prefix)
+    member = f"{socket.gethostname()}:{proc.proc.pid}"  # `ragline worker` execs the worker
+    deadline = time.monotonic() + timeout
+    while not all(client.zscore(keys.workers(q), member) for q in queues):
+        if proc.proc.poll() is not None:
+            pytest.fail(f"{proc.name} exited ({proc.proc.returncode}):\n{proc.tail()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{proc.name} does not consume {queues}:\n{proc.tail()}")
+        time.sleep(0.2)
+
+
 def test_a_shard_nobody_serves_is_left_out_at_once(sharded: Settings, embedder, tmp_path: Path) -> None:
     budget_ms = 5000
     with _small_index(sharded, embedder, tmp_path, "unserved") as shard_map:
@@ -347,3 +363,27 @@ def test_a_shard_nobody_serves_is_left_out_at_once(sharded: Settings, embedder, 
         assert done.partial_shards == unserved
         assert sources.sources  # the shard held here still answers
     assert REGISTRY.get_sample_value(*sample) == before + 1
+
+
+def test_a_default_worker_serves_shards_ingested_after_it_started(
+    sharded: Settings, embedder, tmp_path: Path
+) -> None:
+    own = sharded.replace(worker_metrics_port=0, shard_watch_s=0.5)
+    proc = Proc("all-shards-worker", ragline_command("worker", "retrieval"), env_for(own), tmp_path / "w.log")
+    proc.start()
+    try:
+        # Its own heartbeat (another worker may take batches here), so the index below is
+        # registered after this worker read the shard maps to choose its queues.
+        _wait_beating(sharded, proc, ("retrieval",), timeout=300)
+        with _small_index(sharded, embedder, tmp_path, "late") as shard_map:
+            queues = tuple(shards.shard_queue(s) for s in shard_map.shards)
+            _wait_beating(sharded, proc, queues, timeout=30)
+            remote = _coordinator(sharded, embedder, held=frozenset())
+            local = _coordinator(sharded, embedder, held=None)
+            with pushed_queues(sharded.redis.redis_url) as pushed:
+                answers = _as(_ask(remote, "late"), "late")
+            assert sorted(q for q in pushed if q.startswith("retrieval.")) == sorted(queues)
+            assert not any(s.partial for s, _ in answers.values())
+            assert _top(answers) == _top(_as(_ask(local, "late"), "late"))
+    finally:
+        proc.stop()
