@@ -435,8 +435,8 @@ class Done(_Event):
     )
     partial: bool = Field(
         default=False,
-        description="Some shards of a sharded index did not answer within their budget: the sources "
-        "(and the answer) come from the others.",
+        description="Some shards of a sharded index had no live worker, or did not answer within their "
+        "budget: the sources (and the answer) come from the others.",
     )
     partial_shards: list[str] = Field(
         default_factory=list, description="The shards left out, by index name, when `partial`."

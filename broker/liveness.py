@@ -28,6 +28,18 @@ def leave(client: redis.Redis, keys: Keys, queue: str, worker_id: str) -> None:
     client.zrem(keys.workers(queue), worker_id)
 
 
+def sync_live_counts(
+    client: redis.Redis, keys: Keys, queues: tuple[str, ...], ttl_s: float
+) -> dict[str, int]:
+    """Live workers per queue, in one round trip: what a worker asks before it waits on others."""
+    since = time.time() - ttl_s
+    with client.pipeline(transaction=False) as pipe:
+        for queue in queues:
+            pipe.zcount(keys.workers(queue), since, "+inf")
+        counts = pipe.execute()
+    return dict(zip(queues, (int(c) for c in counts), strict=True))
+
+
 async def live_counts(
     client: aioredis.Redis, keys: Keys, queues: tuple[str, ...], ttl_s: float
 ) -> dict[str, int]:

@@ -46,7 +46,9 @@ SHARD_QUEUE_WAITING = Gauge(
     "ragline_shard_queue_waiting", "Shard searches waiting in a shard's queue (the API's view)", ["queue"]
 )
 SHARD_MISSING = Counter(
-    "ragline_shard_missing_total", "Shards left out of an answer: no reply within their budget", ["shard"]
+    "ragline_shard_missing_total",
+    "Shards left out of an answer: no live worker on their queue, or no reply within their budget",
+    ["shard"],
 )
 
 CACHE_HITS = Counter("ragline_cache_hits_total", "Cache hits", ["level"])

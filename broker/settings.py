@@ -165,6 +165,9 @@ class RetrievalSettings(_Group):
     # (every shard, searched in process), "none" (coordinates only) or NAME:KEY,... (serves only
     # those shards, from their queues, and takes no batches).
     worker_shards: str = "all"
+    # How often a worker with "all" looks for shards registered since it started, to load them
+    # and consume their queues (docs/operations.md); 0: only those there when it started.
+    shard_watch_s: float = 5.0
 
 
 class GenerationSettings(_Group):

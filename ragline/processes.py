@@ -78,9 +78,9 @@ def worker_command(kind: str, settings: Settings, *, queues: list[str] | None = 
 
 def retrieval_queues(settings: Settings) -> list[str]:
     """What a retrieval worker with RAGLINE_WORKER_SHARDS consumes: the batch queue unless it
-    only serves shards, and its shards' queues (for ``all``, those registered now: a worker
-    started before a sharded index was ingested searches it in process, and serves its queues
-    once restarted). InvalidIndexName for a selection that names no valid shard."""
+    only serves shards, and its shards' queues (for ``all``, those registered now: the worker
+    adds the queues of shards registered later itself, every RAGLINE_SHARD_WATCH_S).
+    InvalidIndexName for a selection that names no valid shard."""
     from broker import shards
     from broker.keys import Keys
     from broker.redis_pool import sync_client
@@ -90,9 +90,10 @@ def retrieval_queues(settings: Settings) -> list[str]:
     if selection is None:
         try:
             maps = shards.all_maps(sync_client(settings.redis), Keys(settings.redis.key_prefix))
-        except Exception as exc:  # the worker itself retries Redis; its shard queues wait for a restart
+        except Exception as exc:  # the worker retries Redis, and finds its shard queues itself
             print(
-                f"ragline worker retrieval: no shard list from Redis ({exc}); batches only", file=sys.stderr
+                f"ragline worker retrieval: no shard list from Redis ({exc}); shard queues added once found",
+                file=sys.stderr,
             )
     return shards.worker_queues(maps, selection)
 

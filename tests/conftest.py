@@ -143,7 +143,9 @@ def workers(
     ports = {"retrieval": free_port(), "generation": free_port()}
 
     def start(kind: str) -> Proc:
-        own = settings.replace(worker_metrics_port=ports[kind])
+        # Its retrieval worker does not take up the shards that tests/workers/retrieval/test_shards.py
+        # ingests while it runs: that module serves them with workers of its own, and counts them.
+        own = settings.replace(worker_metrics_port=ports[kind], shard_watch_s=0)
         p = worker(kind, own, logs / f"{kind}.log")
         p.start()
         return p

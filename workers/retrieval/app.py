@@ -8,6 +8,8 @@ every core it is given. Scale out with processes.
 A worker started with ``--shards NAME:KEY,...`` (RAGLINE_WORKER_SHARDS) serves only those shards
 of sharded indexes, from their queues (``ragline.search_shard``), and takes no batches: a solo
 worker waiting on a shard's reply could not serve that shard meanwhile (see shard_search.py).
+One with ``all`` (the default) serves every shard: it looks for shards registered since it
+started every ``RAGLINE_SHARD_WATCH_S``, loads them and consumes their queues too.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import logging
 import time
 from typing import Any
 
-from celery import Task
+import redis
+from celery import Task, bootsteps
 from celery.signals import worker_init
+from celery.worker.consumer import Consumer
 
 from broker import documents, indexes, jobs, metrics, shards
 from broker.backpressure import count_done
@@ -49,7 +53,7 @@ from workers.retrieval import index_store
 from workers.retrieval.batch import BatchRetriever, Retrieved
 from workers.retrieval.embedder import Embedder
 from workers.retrieval.embedding_cache import EmbeddingCache
-from workers.retrieval.index_store import IndexCache
+from workers.retrieval.index_store import IndexCache, UnknownIndex
 from workers.retrieval.ingest import catalog
 from workers.retrieval.rerank import reranker
 from workers.retrieval.shard_search import ShardSearch, serve
@@ -62,7 +66,9 @@ streams = settings.redis
 keys = Keys(streams.key_prefix)
 app = create_celery(settings.redis)
 metrics_server.install(settings.redis)
-heartbeat.install(app, RETRIEVAL_QUEUE, settings.redis, host_defaults=settings.host_defaults_line())
+beat_also = heartbeat.install(
+    app, RETRIEVAL_QUEUE, settings.redis, host_defaults=settings.host_defaults_line()
+)
 # None: every shard (searched in process); empty: none; else only these, and no batches.
 held_shards = shards.parse_selection(retrieval.worker_shards)
 
@@ -103,6 +109,7 @@ def retriever() -> BatchRetriever:
                 _send_shard_task,
                 held=held_shards,
                 socket_timeout_s=streams.redis_socket_timeout_s,
+                heartbeat_ttl_s=streams.worker_heartbeat_ttl_s,
             ),
         )
     return _retriever
@@ -127,6 +134,59 @@ def _warm_up(**_: object) -> None:
             register_sharded(client, keys, settings.indexes_dir, shard_map)
     if not held_shards:  # a shard worker never embeds
         retriever().embed_warm_up()
+
+
+class ShardWatch(bootsteps.StartStopStep):
+    """Serves the shards registered after this worker started (``--shards all`` only): every
+    ``shard_watch_s`` on the consumer's own event loop, so between batches, as Celery's
+    ``add_consumer`` control command calls ``add_task_queue``; a new shard is loaded before its
+    queue is consumed and its heartbeat written, so its first search finds it ready."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, c: Consumer, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        self._tref: Any = None
+
+    def start(self, c: Consumer) -> None:
+        # Started again after a lost connection; queues added before are consumed again then,
+        # since add_task_queue also selects them in the app's queue list.
+        self._tref = c.timer.call_repeatedly(retrieval.shard_watch_s, _serve_new_shards, (c,))
+
+    def stop(self, c: Consumer) -> None:
+        if self._tref is not None:
+            self._tref.cancel()
+            self._tref = None
+
+    shutdown = stop
+
+
+def _serve_new_shards(consumer: Consumer) -> None:
+    """Load and consume every registered shard whose queue is not consumed yet."""
+    if consumer.task_consumer is None:  # between a lost connection and its restart
+        return
+    try:
+        registered = shards.shard_queues(shards.all_maps(sync_client(streams), keys))
+    except redis.RedisError:
+        log.warning("could not read the shard maps; new shards wait for the next check", exc_info=True)
+        return
+    for queue, shard in registered.items():
+        if consumer.task_consumer.consuming_from(queue):
+            continue
+        try:
+            loaded_indexes().get(shard)
+        except UnknownIndex:
+            continue  # its map outlived it: nothing to serve
+        except Exception:
+            log.exception("could not load shard %s; tried again at the next check", shard)
+            continue
+        consumer.add_task_queue(queue)
+        beat_also(queue)
+        log.info("serving shard %s, registered since this worker started", shard)
+
+
+if held_shards is None and retrieval.shard_watch_s > 0:
+    app.steps["consumer"].add(ShardWatch)
 
 
 def _holds(index: str) -> bool:

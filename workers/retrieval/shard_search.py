@@ -5,7 +5,8 @@ itself and sends one :class:`~broker.contract.SearchShardTask` (vectors included
 shard's queue; the replies come back on one Redis list, read with a deadline. Each query's
 candidates from every shard are merged by score into one list as deep as an unsharded search's,
 so the ranking after it (reranker, diversity) is the one an unsharded index gets. A shard that
-has not answered by the deadline is left out and named; nothing waits past it.
+has not answered by the deadline is left out and named; nothing waits past it. A shard whose
+queue no live worker consumes (by heartbeat) is left out at once, and is sent nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
-from broker import indexes, metrics, shards
+from broker import indexes, liveness, metrics, shards
 from broker.contract import (
     ContractError,
     MetadataFilter,
@@ -164,7 +165,9 @@ class ShardSearch:
         *,
         held: frozenset[str] | None,
         socket_timeout_s: float,
+        heartbeat_ttl_s: float,
         recheck_s: float = 0.5,
+        live_recheck_s: float = 1.0,
     ) -> None:
         self._client = client
         self._keys = keys
@@ -176,6 +179,10 @@ class ShardSearch:
         self._max_block_s = max(0.1, socket_timeout_s - 1.0)
         self._recheck_s = recheck_s
         self._maps: dict[str, tuple[float, tuple[shards.ShardMap, IndexInfo] | None]] = {}
+        self._heartbeat_ttl_s = heartbeat_ttl_s
+        self._live_recheck_s = live_recheck_s
+        # Shard -> (when read, whether a live worker consumes its queue).
+        self._live: dict[str, tuple[float, bool]] = {}
 
     def sharded(self, index: str) -> tuple[shards.ShardMap, IndexInfo] | None:
         """``index``'s shard map and logical entry, or None for a plain (or unknown) index;
@@ -209,6 +216,14 @@ class ShardSearch:
         distinct = list(dict.fromkeys(queries))
         replies: dict[str, list[list[tuple[Chunk, float, float | None]]]] = {}
         errors: dict[str, str] = {}
+        # Sent nothing, rather than sent and not waited for: nobody would take the task before
+        # its deadline (whoever serves the shard later skips it), and meanwhile it would count as
+        # waiting in the shard queue's metrics. A worker that comes up is seen when the
+        # heartbeats are next read (live_recheck_s).
+        unserved = self._without_worker(remote)
+        for shard in unserved:
+            errors[shard] = "no live worker serves its queue"
+        remote = [s for s in remote if s not in unserved]
         started = time.time()
         deadline = started + self._settings.shard_timeout_ms / 1000
         search_id = uuid.uuid4().hex
@@ -251,6 +266,23 @@ class ShardSearch:
                 "shard %s left out of a search of %s: %s", shard, info.name, errors.get(shard, "timeout")
             )
         return _merge(info, targets, replies, distinct, depth, missing)
+
+    def _without_worker(self, remote: Sequence[str]) -> set[str]:
+        """The shards among ``remote`` whose queue has no fresh heartbeat; those not read within
+        ``live_recheck_s`` are read in one round trip."""
+        now = time.monotonic()
+        stale = [s for s in remote if s not in self._live or now - self._live[s][0] >= self._live_recheck_s]
+        if stale:
+            queues = tuple(shards.shard_queue(s) for s in stale)
+            try:
+                counts = liveness.sync_live_counts(self._client, self._keys, queues, self._heartbeat_ttl_s)
+            except redis.RedisError:
+                # Asked anyway: the deadline still bounds the wait, and it is read again next time.
+                log.warning("could not read the shard workers' heartbeats", exc_info=True)
+                return set()
+            for shard, queue in zip(stale, queues, strict=True):
+                self._live[shard] = (now, counts[queue] > 0)
+        return {s for s in remote if not self._live[s][1]}
 
     def _gather(
         self,

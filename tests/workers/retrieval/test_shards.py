@@ -8,8 +8,11 @@ the shard searches over their queues as a retrieval worker does.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from prometheus_client import REGISTRY
 
 from broker import indexes, shards
 from broker.celery_app import create_celery
@@ -38,9 +42,9 @@ QUERIES = (
 )
 
 
-def _corpus(root: Path) -> Path:
-    """96 documents of 4 sections each, 32 per year."""
-    for i in range(96):
+def _corpus(root: Path, count: int = 96) -> Path:
+    """``count`` documents of 4 sections each, a third per year."""
+    for i in range(count):
         topic, year = TOPICS[i % len(TOPICS)], YEARS[i % len(YEARS)]
         sections = "\n\n".join(
             f"## {topic.title()} note {j}\n\nIn {year} the {topic} of district {i} reported item {j}: "
@@ -121,6 +125,7 @@ def _coordinator(settings: Settings, embedder, *, held: frozenset[str] | None, t
         send,
         held=held,
         socket_timeout_s=5.0,
+        heartbeat_ttl_s=s.redis.worker_heartbeat_ttl_s,
     )
     return retriever
 
@@ -300,3 +305,85 @@ def test_a_sharded_index_is_registered_again_from_disk(sharded: Settings) -> Non
     assert found["hashed"].keys == ("0", "1", "2")
     assert register_sharded(client, keys, sharded.indexes_dir, found["hashed"]) == before
     assert shards.lookup(client, keys, "hashed") == found["hashed"]
+
+
+@contextlib.contextmanager
+def _small_index(settings: Settings, embedder, root: Path, name: str) -> Iterator[shards.ShardMap]:
+    """A sharded index of 6 documents, one shard per year, dropped afterwards (from Redis and
+    from disk), so no later readiness check or worker start finds it."""
+    from workers.retrieval.sharded_ingest import ingest_sharded
+
+    corpus = root / name
+    corpus.mkdir()
+    report = ingest_sharded(
+        settings, [_corpus(corpus, 6)], index_name=name, shard_by="year", embedder=embedder, progress=False
+    )
+    try:
+        yield report.shard_map
+    finally:
+        client = redis.Redis.from_url(settings.redis.redis_url)
+        keys = Keys(settings.redis.key_prefix)
+        client.hdel(keys.shard_maps, name)
+        client.hdel(keys.indexes, name, *report.shard_map.shards)
+        for folder in (name, *report.shard_map.shards):
+            shutil.rmtree(settings.indexes_dir / folder, ignore_errors=True)
+
+
+def _wait_beating(settings: Settings, proc: Proc, queues: tuple[str, ...], timeout: float) -> None:
+    """Until ``proc``'s worker has a heartbeat on each of ``queues``."""
+    assert proc.proc is not None
+    client = redis.Redis.from_url(settings.redis.redis_url)
+    keys = Keys(settings.redis.key_prefix)
+    member = f"{socket.gethostname()}:{proc.proc.pid}"  # `ragline worker` execs the worker
+    deadline = time.monotonic() + timeout
+    while not all(client.zscore(keys.workers(q), member) for q in queues):
+        if proc.proc.poll() is not None:
+            pytest.fail(f"{proc.name} exited ({proc.proc.returncode}):\n{proc.tail()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{proc.name} does not consume {queues}:\n{proc.tail()}")
+        time.sleep(0.2)
+
+
+def test_a_shard_nobody_serves_is_left_out_at_once(sharded: Settings, embedder, tmp_path: Path) -> None:
+    budget_ms = 5000
+    with _small_index(sharded, embedder, tmp_path, "unserved") as shard_map:
+        held, *unserved = shard_map.shards
+        retriever = _coordinator(sharded, embedder, held=frozenset({held}), timeout_ms=budget_ms)
+        sample = ("ragline_shard_missing_total", {"shard": unserved[0]})
+        before = REGISTRY.get_sample_value(*sample) or 0.0
+        with pushed_queues(sharded.redis.redis_url) as pushed:
+            started = time.monotonic()
+            answers = _ask(retriever, "unserved")
+            elapsed = time.monotonic() - started
+    # No heartbeat on their queues: nothing sent to them, no wait for them.
+    assert elapsed < budget_ms / 1000 / 2, elapsed
+    assert not [q for q in pushed if q.startswith("retrieval.")]
+    for sources, done in answers.values():
+        assert sources.partial and sources.partial_shards == unserved
+        assert done.partial_shards == unserved
+        assert sources.sources  # the shard held here still answers
+    assert REGISTRY.get_sample_value(*sample) == before + 1
+
+
+def test_a_default_worker_serves_shards_ingested_after_it_started(
+    sharded: Settings, embedder, tmp_path: Path
+) -> None:
+    own = sharded.replace(worker_metrics_port=0, shard_watch_s=0.5)
+    proc = Proc("all-shards-worker", ragline_command("worker", "retrieval"), env_for(own), tmp_path / "w.log")
+    proc.start()
+    try:
+        # Its own heartbeat (another worker may take batches here), so the index below is
+        # registered after this worker read the shard maps to choose its queues.
+        _wait_beating(sharded, proc, ("retrieval",), timeout=300)
+        with _small_index(sharded, embedder, tmp_path, "late") as shard_map:
+            queues = tuple(shards.shard_queue(s) for s in shard_map.shards)
+            _wait_beating(sharded, proc, queues, timeout=30)
+            remote = _coordinator(sharded, embedder, held=frozenset())
+            local = _coordinator(sharded, embedder, held=None)
+            with pushed_queues(sharded.redis.redis_url) as pushed:
+                answers = _as(_ask(remote, "late"), "late")
+            assert sorted(q for q in pushed if q.startswith("retrieval.")) == sorted(queues)
+            assert not any(s.partial for s, _ in answers.values())
+            assert _top(answers) == _top(_as(_ask(local, "late"), "late"))
+    finally:
+        proc.stop()
