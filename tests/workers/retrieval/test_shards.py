@@ -300,3 +300,15 @@ def test_a_sharded_index_is_registered_again_from_disk(sharded: Settings) -> Non
     assert found["hashed"].keys == ("0", "1", "2")
     assert register_sharded(client, keys, sharded.indexes_dir, found["hashed"]) == before
     assert shards.lookup(client, keys, "hashed") == found["hashed"]
+
+
+def test_a_hash_sharded_index_keeps_its_count(sharded: Settings) -> None:
+    from workers.retrieval.sharded_ingest import planned_map
+
+    client = redis.Redis.from_url(sharded.redis.redis_url)
+    keys = Keys(sharded.redis.key_prefix)
+    assert _map(sharded, "hashed").count == 3
+    assert planned_map(client, keys, "hashed", count=3, shard_by=None) == _map(sharded, "hashed")
+    # A fourth shard would hash documents already placed to another one: they would be in two.
+    with pytest.raises(ValueError, match="--shards 3"):
+        planned_map(client, keys, "hashed", count=4, shard_by=None)
