@@ -29,7 +29,7 @@ from api.documents_protocol import DocumentsUpload
 from api.errors import ApiError, invalid
 from api.jobs import checked_webhook, status_url
 from api.jobs_protocol import JobAccepted
-from broker import apikeys, documents, indexes, jobs
+from broker import apikeys, documents, indexes, jobs, shards
 from broker.contract import DOCUMENT_SUFFIXES, IngestOperation, IngestTask, StagedDocument, UploadManifest
 from broker.indexes import IndexInfo
 from broker.keys import Keys
@@ -266,19 +266,35 @@ class DocumentService:
             raise _unknown_index(index)
         return info
 
+    async def _shard_versions(self, info: IndexInfo) -> list[tuple[str, str]]:
+        """(shard, version) of each registered shard of the sharded index ``info``."""
+        shard_map = await shards.alookup(self._redis, self._keys, info.name)
+        if shard_map is None:
+            raise _unknown_index(info.name)  # deleted between the two reads
+        found = await indexes.alookup_many(self._redis, self._keys, list(shard_map.shards))
+        return [(i.name, i.version) for i in found if i is not None]
+
     async def page(self, index: str, *, after: str | None, limit: int) -> dict[str, Any]:
         page_max = self._settings.documents_page_max
         if not 1 <= limit <= page_max:
             raise ApiError(400, "invalid_request", f"limit must be between 1 and {page_max}, got {limit}")
         info = await self._current(index)
-        found = await documents.apage(self._redis, self._keys, index, info.version, after=after, limit=limit)
+        if info.index_type == shards.SHARDED_TYPE:
+            versions = await self._shard_versions(info)
+            found = await documents.apage_merged(self._redis, self._keys, versions, after=after, limit=limit)
+            total = await documents.acount_merged(self._redis, self._keys, versions)
+        else:
+            found = await documents.apage(
+                self._redis, self._keys, index, info.version, after=after, limit=limit
+            )
+            total = await documents.acount(self._redis, self._keys, index, info.version)
         if found is None:
             raise _not_listed(info)
         entries, next_after = found
         return {
             "index": index,
             "version": info.version,
-            "total": await documents.acount(self._redis, self._keys, index, info.version),
+            "total": total,
             "documents": [
                 {"id": e.id, "title": e.title, "path": e.path, "chunks": e.chunks} for e in entries
             ],

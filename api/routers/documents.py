@@ -103,7 +103,8 @@ async def list_documents(
     after: str | None = Query(default=None, description="The `next_after` of the previous page."),
     limit: int = Query(default=100, description="At most this many (up to RAGLINE_DOCUMENTS_PAGE_MAX)."),
 ) -> DocumentList:
-    """The documents of the version queries use, in id order, a page at a time."""
+    """The documents of the version queries use, in id order, a page at a time (a sharded
+    index's: every shard's, as one list)."""
     check_index(name)
     return DocumentList.model_validate(await _service(request).page(name, after=after, limit=limit))
 
