@@ -193,10 +193,53 @@ class DocumentService:
             await asyncio.to_thread(shutil.rmtree, root / job_id, True)
             raise
 
+    async def check_upload(self, index: str) -> None:
+        """Before the body is read: 409 for an upload into one shard, or into a sharded index whose
+        documents cannot be routed (sharded by hash before its count was recorded); 400 for a new
+        index named as a shard."""
+        await self._refuse_shard(index)
+        info = await indexes.alookup(self._redis, self._keys, index)
+        if info is None and shards.SHARD_MARK in index:
+            message = f"index name {index!r} is not valid: {shards.SHARD_MARK!r} is kept for shards"
+            raise ApiError(400, "invalid_request", message)
+        if info is None or info.index_type != shards.SHARDED_TYPE:
+            return
+        shard_map = await shards.alookup(self._redis, self._keys, index)
+        if shard_map is not None and shard_map.shard_by is None and shard_map.count is None:
+            raise ApiError(
+                409,
+                "shard_count_unknown",
+                f"index {index!r} was sharded by hash before its shard count was recorded, so an "
+                f"upload cannot be routed to its shards: ingest the documents once with `ragline "
+                f"ingest PATH --index {index} --shards N`, N the count it was made with",
+            )
+
+    async def _refuse_shard(self, index: str) -> None:
+        """409 for a write addressed to one shard: it would change the shard under its sharded
+        index's entry, whose version (and so the result cache) would not follow."""
+        shard_map = await shards.ashard_of(self._redis, self._keys, index)
+        if shard_map is None:
+            return
+        raise ApiError(
+            409,
+            "shard_of_index",
+            f"index {index!r} is a shard of {shard_map.index!r}: write to {shard_map.index!r}, which "
+            f"routes each document to its shard (/v1/indexes/{shard_map.index}/documents), or "
+            f"re-ingest the shard's documents with `ragline ingest PATH {shards.rerun_hint(shard_map)}`",
+        )
+
     async def delete_document(self, index: str, doc_id: str, *, principal: str) -> JobAccepted:
+        await self._refuse_shard(index)
         info = await self._current(index)
-        entry = await documents.aget(self._redis, self._keys, index, info.version, doc_id)
-        if entry is None:
+        if info.index_type == shards.SHARDED_TYPE:
+            # The job deletes it from each shard listing it, and registers the index again.
+            versions = await self._shard_versions(info)
+            if not await documents.aholders(self._redis, self._keys, versions, doc_id):
+                listed = await documents.apage_merged(self._redis, self._keys, versions, after=None, limit=1)
+                if listed is None:
+                    raise _not_listed(info)
+                raise ApiError(404, "unknown_document", f"index {index!r} has no document {doc_id!r}")
+        elif await documents.aget(self._redis, self._keys, index, info.version, doc_id) is None:
             if await documents.acount(self._redis, self._keys, index, info.version) == 0:
                 raise _not_listed(info)
             raise ApiError(404, "unknown_document", f"index {index!r} has no document {doc_id!r}")
@@ -210,7 +253,9 @@ class DocumentService:
         return await self._start(task.job_id, principal, task, documents=[doc_id], webhook=None)
 
     async def delete_index(self, index: str, *, principal: str) -> JobAccepted:
-        """Gone from queries at once (404 from now on); a job removes its files."""
+        """Gone from queries at once (404 from now on); a job removes its files (a sharded
+        index's: every shard's, and its map)."""
+        await self._refuse_shard(index)
         info = await indexes.aunregister(self._redis, self._keys, index)
         if info is None:
             raise _unknown_index(index)
