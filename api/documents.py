@@ -29,7 +29,7 @@ from api.documents_protocol import DocumentsUpload
 from api.errors import ApiError, invalid
 from api.jobs import checked_webhook, status_url
 from api.jobs_protocol import JobAccepted
-from broker import apikeys, documents, indexes, jobs
+from broker import apikeys, documents, indexes, jobs, shards
 from broker.contract import DOCUMENT_SUFFIXES, IngestOperation, IngestTask, StagedDocument, UploadManifest
 from broker.indexes import IndexInfo
 from broker.keys import Keys
@@ -193,10 +193,53 @@ class DocumentService:
             await asyncio.to_thread(shutil.rmtree, root / job_id, True)
             raise
 
+    async def check_upload(self, index: str) -> None:
+        """Before the body is read: 409 for an upload into one shard, or into a sharded index whose
+        documents cannot be routed (sharded by hash before its count was recorded); 400 for a new
+        index named as a shard."""
+        await self._refuse_shard(index)
+        info = await indexes.alookup(self._redis, self._keys, index)
+        if info is None and shards.SHARD_MARK in index:
+            message = f"index name {index!r} is not valid: {shards.SHARD_MARK!r} is kept for shards"
+            raise ApiError(400, "invalid_request", message)
+        if info is None or info.index_type != shards.SHARDED_TYPE:
+            return
+        shard_map = await shards.alookup(self._redis, self._keys, index)
+        if shard_map is not None and shard_map.shard_by is None and shard_map.count is None:
+            raise ApiError(
+                409,
+                "shard_count_unknown",
+                f"index {index!r} was sharded by hash before its shard count was recorded, so an "
+                f"upload cannot be routed to its shards: ingest the documents once with `ragline "
+                f"ingest PATH --index {index} --shards N`, N the count it was made with",
+            )
+
+    async def _refuse_shard(self, index: str) -> None:
+        """409 for a write addressed to one shard: it would change the shard under its sharded
+        index's entry, whose version (and so the result cache) would not follow."""
+        shard_map = await shards.ashard_of(self._redis, self._keys, index)
+        if shard_map is None:
+            return
+        raise ApiError(
+            409,
+            "shard_of_index",
+            f"index {index!r} is a shard of {shard_map.index!r}: write to {shard_map.index!r}, which "
+            f"routes each document to its shard (/v1/indexes/{shard_map.index}/documents), or "
+            f"re-ingest the shard's documents with `ragline ingest PATH {shards.rerun_hint(shard_map)}`",
+        )
+
     async def delete_document(self, index: str, doc_id: str, *, principal: str) -> JobAccepted:
+        await self._refuse_shard(index)
         info = await self._current(index)
-        entry = await documents.aget(self._redis, self._keys, index, info.version, doc_id)
-        if entry is None:
+        if info.index_type == shards.SHARDED_TYPE:
+            # The job deletes it from each shard listing it, and registers the index again.
+            versions = await self._shard_versions(info)
+            if not await documents.aholders(self._redis, self._keys, versions, doc_id):
+                listed = await documents.apage_merged(self._redis, self._keys, versions, after=None, limit=1)
+                if listed is None:
+                    raise _not_listed(info)
+                raise ApiError(404, "unknown_document", f"index {index!r} has no document {doc_id!r}")
+        elif await documents.aget(self._redis, self._keys, index, info.version, doc_id) is None:
             if await documents.acount(self._redis, self._keys, index, info.version) == 0:
                 raise _not_listed(info)
             raise ApiError(404, "unknown_document", f"index {index!r} has no document {doc_id!r}")
@@ -210,7 +253,9 @@ class DocumentService:
         return await self._start(task.job_id, principal, task, documents=[doc_id], webhook=None)
 
     async def delete_index(self, index: str, *, principal: str) -> JobAccepted:
-        """Gone from queries at once (404 from now on); a job removes its files."""
+        """Gone from queries at once (404 from now on); a job removes its files (a sharded
+        index's: every shard's, and its map)."""
+        await self._refuse_shard(index)
         info = await indexes.aunregister(self._redis, self._keys, index)
         if info is None:
             raise _unknown_index(index)
@@ -266,19 +311,35 @@ class DocumentService:
             raise _unknown_index(index)
         return info
 
+    async def _shard_versions(self, info: IndexInfo) -> list[tuple[str, str]]:
+        """(shard, version) of each registered shard of the sharded index ``info``."""
+        shard_map = await shards.alookup(self._redis, self._keys, info.name)
+        if shard_map is None:
+            raise _unknown_index(info.name)  # deleted between the two reads
+        found = await indexes.alookup_many(self._redis, self._keys, list(shard_map.shards))
+        return [(i.name, i.version) for i in found if i is not None]
+
     async def page(self, index: str, *, after: str | None, limit: int) -> dict[str, Any]:
         page_max = self._settings.documents_page_max
         if not 1 <= limit <= page_max:
             raise ApiError(400, "invalid_request", f"limit must be between 1 and {page_max}, got {limit}")
         info = await self._current(index)
-        found = await documents.apage(self._redis, self._keys, index, info.version, after=after, limit=limit)
+        if info.index_type == shards.SHARDED_TYPE:
+            versions = await self._shard_versions(info)
+            found = await documents.apage_merged(self._redis, self._keys, versions, after=after, limit=limit)
+            total = await documents.acount_merged(self._redis, self._keys, versions)
+        else:
+            found = await documents.apage(
+                self._redis, self._keys, index, info.version, after=after, limit=limit
+            )
+            total = await documents.acount(self._redis, self._keys, index, info.version)
         if found is None:
             raise _not_listed(info)
         entries, next_after = found
         return {
             "index": index,
             "version": info.version,
-            "total": await documents.acount(self._redis, self._keys, index, info.version),
+            "total": total,
             "documents": [
                 {"id": e.id, "title": e.title, "path": e.path, "chunks": e.chunks} for e in entries
             ],

@@ -17,11 +17,16 @@ class IndexSummary(BaseModel):
         description="Documents in this version; null when it was ingested before ragline recorded it."
     )
     chunks: int
-    index_type: str = Field(description="`hnsw`, `ivfpq` or `ivfpq-disk`.")
+    index_type: str = Field(
+        description="`hnsw`, `ivfpq`, `ivfpq-disk`, or `sharded` (its shards' counts summed)."
+    )
     default: bool = Field(description="Queries that name no index use this one.")
+    shards: int | None = Field(
+        default=None, description="A sharded index's shard count; null for any other index."
+    )
 
     @classmethod
-    def of(cls, info: IndexInfo, *, default_index: str) -> IndexSummary:
+    def of(cls, info: IndexInfo, *, default_index: str, shards: int | None = None) -> IndexSummary:
         return cls(
             name=info.name,
             version=info.version,
@@ -29,11 +34,14 @@ class IndexSummary(BaseModel):
             chunks=info.chunks,
             index_type=info.index_type,
             default=info.name == default_index,
+            shards=shards,
         )
 
 
 class IndexList(BaseModel):
-    indexes: list[IndexSummary] = Field(description="By name.")
+    indexes: list[IndexSummary] = Field(
+        description="By name; a sharded index once, not its shards (GET /v1/indexes/{shard} shows one)."
+    )
     default_index: str = Field(
         description="The index a query that names none is asked (it may not exist yet)."
     )
@@ -44,8 +52,14 @@ class IndexDetail(IndexSummary):
         description="The version's files on disk (vectors and chunks); null when not recorded."
     )
     dim: int = Field(description="The embedding's dimensions.")
+    shard_of: str | None = Field(
+        default=None,
+        description="For a shard (`NAME.shard-KEY`): the sharded index it is part of; null otherwise.",
+    )
 
     @classmethod
-    def of(cls, info: IndexInfo, *, default_index: str) -> IndexDetail:
-        summary = IndexSummary.of(info, default_index=default_index)
-        return cls(**summary.model_dump(), bytes=info.bytes, dim=info.dim)
+    def of(
+        cls, info: IndexInfo, *, default_index: str, shards: int | None = None, shard_of: str | None = None
+    ) -> IndexDetail:
+        summary = IndexSummary.of(info, default_index=default_index, shards=shards)
+        return cls(**summary.model_dump(), bytes=info.bytes, dim=info.dim, shard_of=shard_of)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import redis
 import redis.asyncio as aioredis
@@ -110,3 +110,56 @@ async def aget(
 ) -> DocumentEntry | None:
     raw = await client.hget(keys.documents(index, version), doc_id)
     return DocumentEntry.decode(doc_id, raw) if raw is not None else None
+
+
+async def apage_merged(
+    client: aioredis.Redis, keys: Keys, versions: list[tuple[str, str]], *, after: str | None, limit: int
+) -> tuple[list[DocumentEntry], str | None] | None:
+    """:func:`apage` over several (index, version) lists as one, the shards of a sharded index:
+    an id listed in more than one (a document re-ingested under another shard key) comes once,
+    its chunks summed, so that a cursor never skips or repeats it. None when any has no list."""
+    start = "(" + after if after else "-"
+    pipe = client.pipeline(transaction=False)
+    for index, version in versions:
+        pipe.zrange(keys.document_ids(index, version), start, "+", bylex=True, offset=0, num=limit + 1)
+        pipe.exists(keys.document_ids(index, version))
+    found = await pipe.execute()
+    per_list: list[list[bytes]] = found[0::2]
+    if not all(found[1::2]):
+        return None
+    # Each list's first limit + 1 ids after the cursor hold the merged list's first limit + 1.
+    ids = sorted(set().union(*per_list))
+    more = len(ids) > limit
+    ids = ids[:limit]
+    merged: dict[bytes, DocumentEntry] = {}
+    if ids:
+        pipe = client.pipeline(transaction=False)
+        for index, version in versions:
+            pipe.hmget(keys.documents(index, version), ids)
+        for raws in await pipe.execute():
+            for doc_id, raw in zip(ids, raws, strict=True):
+                if raw is None:
+                    continue
+                entry = DocumentEntry.decode(doc_id.decode(), raw)
+                seen = merged.get(doc_id)
+                merged[doc_id] = entry if seen is None else replace(seen, chunks=seen.chunks + entry.chunks)
+    entries = [merged[i] for i in ids if i in merged]
+    return entries, (ids[-1].decode() if more and ids else None)
+
+
+async def acount_merged(client: aioredis.Redis, keys: Keys, versions: list[tuple[str, str]]) -> int:
+    """Documents over several lists; one listed in two counts in each (as the index's entry does)."""
+    pipe = client.pipeline(transaction=False)
+    for index, version in versions:
+        pipe.zcard(keys.document_ids(index, version))
+    return sum(int(n) for n in await pipe.execute())
+
+
+async def aholders(
+    client: aioredis.Redis, keys: Keys, versions: list[tuple[str, str]], doc_id: str
+) -> list[str]:
+    """The indexes among ``versions`` whose list has ``doc_id``."""
+    pipe = client.pipeline(transaction=False)
+    for index, version in versions:
+        pipe.hexists(keys.documents(index, version), doc_id)
+    return [index for (index, _), held in zip(versions, await pipe.execute(), strict=True) if held]

@@ -105,6 +105,12 @@ async def alookup(client: aioredis.Redis, keys: Keys, name: str) -> IndexInfo | 
     return IndexInfo(**json.loads(raw)) if raw else None
 
 
+async def alookup_many(client: aioredis.Redis, keys: Keys, names: list[str]) -> list[IndexInfo | None]:
+    """Each of ``names``' entry (None where there is none), in one round trip."""
+    raws = await client.hmget(keys.indexes, names) if names else []
+    return [IndexInfo(**json.loads(raw)) if raw else None for raw in raws]
+
+
 async def alist(client: aioredis.Redis, keys: Keys) -> list[IndexInfo]:
     raw = await client.hgetall(keys.indexes)
     return [IndexInfo(**json.loads(v)) for v in raw.values()]

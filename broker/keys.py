@@ -24,7 +24,7 @@ class Keys:
 
     @property
     def shard_maps(self) -> str:
-        """Hash: sharded index name -> JSON {index, shard_by, keys} (broker/shards.py)."""
+        """Hash: sharded index name -> JSON {index, shard_by, keys, count} (broker/shards.py)."""
         return f"{self.prefix}:shardmaps"
 
     def shard_reply(self, search_id: str) -> str:

@@ -5,7 +5,8 @@ Each shard is an index of its own (stored, versioned and swapped like any other,
 (hash of the document id) or its value of the shard field. The name keeps the index-name rule,
 so a shard is a folder under the index root like any index. The logical index has two records:
 
-- its :class:`ShardMap` in ``Keys.shard_maps``: the shard field (None: by hash) and the keys;
+- its :class:`ShardMap` in ``Keys.shard_maps``: the shard field (None: by hash, with the count
+  the hash spreads over) and the keys;
 - an entry in the index registry whose ``index_type`` is ``sharded`` and whose version changes
   whenever one of its shards does, so the API's 404s, its index list and its result-cache keys
   treat it as any index, and a re-ingest of one shard invalidates cached answers.
@@ -75,6 +76,9 @@ class ShardMap:
     # The metadata field holding each chunk's shard key; None: the hash of its document id.
     shard_by: str | None
     keys: tuple[str, ...]
+    # Sharded by hash: how many shards the hash spreads over (some may hold nothing yet, so the
+    # keys do not tell). None when sharded by a field, or for a map written before it was kept.
+    count: int | None = None
 
     @property
     def shards(self) -> tuple[str, ...]:
@@ -101,7 +105,9 @@ class ShardMap:
     @classmethod
     def decode(cls, raw: str | bytes) -> ShardMap:
         data = json.loads(raw)
-        return cls(index=data["index"], shard_by=data["shard_by"], keys=tuple(data["keys"]))
+        return cls(
+            index=data["index"], shard_by=data["shard_by"], keys=tuple(data["keys"]), count=data.get("count")
+        )
 
 
 def logical_info(shard_map: ShardMap, shards: Iterable[IndexInfo], *, path: str) -> IndexInfo:
@@ -130,9 +136,41 @@ def register(client: redis.Redis, keys: Keys, shard_map: ShardMap, info: IndexIn
         pipe.execute()
 
 
+def unregister(client: redis.Redis, keys: Keys, shard_map: ShardMap) -> None:
+    """The map, every shard's entry and the logical one, together: no reader sees shards without
+    their map, or a map without its shards."""
+    with client.pipeline(transaction=True) as pipe:
+        pipe.hdel(keys.indexes, shard_map.index, *shard_map.shards)
+        pipe.hdel(keys.shard_maps, shard_map.index)
+        pipe.execute()
+
+
 def lookup(client: redis.Redis, keys: Keys, index: str) -> ShardMap | None:
     raw = client.hget(keys.shard_maps, index)
     return ShardMap.decode(raw) if raw else None
+
+
+async def alookup(client: aioredis.Redis, keys: Keys, index: str) -> ShardMap | None:
+    raw = await client.hget(keys.shard_maps, index)
+    return ShardMap.decode(raw) if raw else None
+
+
+async def ashard_of(client: aioredis.Redis, keys: Keys, name: str) -> ShardMap | None:
+    """The map of the sharded index ``name`` is a shard of; None when it is no registered shard."""
+    found = split_shard(name)
+    if found is None:
+        return None
+    shard_map = await alookup(client, keys, found[0])
+    return shard_map if shard_map is not None and found[1] in shard_map.keys else None
+
+
+def rerun_hint(shard_map: ShardMap) -> str:
+    """The ``ragline ingest`` options that re-ingest ``shard_map``'s index the way it was sharded."""
+    if shard_map.shard_by is not None:
+        return f"--index {shard_map.index} --shard-by {shard_map.shard_by}"
+    # A map from before the count was kept: its keys are only the shards that got documents.
+    count = shard_map.count or "N"
+    return f"--index {shard_map.index} --shards {count}"
 
 
 async def alist(client: aioredis.Redis, keys: Keys) -> list[ShardMap]:

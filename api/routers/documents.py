@@ -78,6 +78,7 @@ async def upload_documents(name: str, request: Request, response: Response) -> J
     check_index(name)
     check_write(_scopes(request), name)
     service = _service(request)
+    await service.check_upload(name)
     kind = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
     if kind == "multipart/form-data":
         limit = request.app.state.settings.api.upload_max_documents
@@ -103,7 +104,8 @@ async def list_documents(
     after: str | None = Query(default=None, description="The `next_after` of the previous page."),
     limit: int = Query(default=100, description="At most this many (up to RAGLINE_DOCUMENTS_PAGE_MAX)."),
 ) -> DocumentList:
-    """The documents of the version queries use, in id order, a page at a time."""
+    """The documents of the version queries use, in id order, a page at a time (a sharded
+    index's: every shard's, as one list)."""
     check_index(name)
     return DocumentList.model_validate(await _service(request).page(name, after=after, limit=limit))
 
@@ -112,7 +114,8 @@ async def list_documents(
     "/indexes/{name}/documents/{doc_id:path}", status_code=202, response_model=JobAccepted, responses=_ERRORS
 )
 async def delete_document(name: str, doc_id: str, request: Request, response: Response) -> JobAccepted:
-    """Drop one document: a job builds the next version without it (queries see it until then)."""
+    """Drop one document: a job builds the next version without it (queries see it until then);
+    in a sharded index, of the shard that holds it."""
     check_index(name)
     check_write(_scopes(request), name)
     check_document_id(doc_id)
@@ -122,7 +125,8 @@ async def delete_document(name: str, doc_id: str, request: Request, response: Re
 
 @router.delete("/indexes/{name}", status_code=202, response_model=JobAccepted, responses=_ERRORS)
 async def delete_index(name: str, request: Request, response: Response) -> JobAccepted:
-    """Delete the index: queries answer 404 at once; a job removes its files."""
+    """Delete the index: queries answer 404 at once; a job removes its files (a sharded index's:
+    every shard's)."""
     check_index(name)
     check_write(_scopes(request), name)
     accepted = await _service(request).delete_index(name, principal=principal_of(request))

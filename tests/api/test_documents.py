@@ -17,10 +17,13 @@ from broker import apikeys
 from broker.keys import Keys
 from broker.settings import Settings
 from ragline.client import (
+    BadRequest,
     Client,
+    Conflict,
     DocumentIn,
     Forbidden,
     InvalidRequest,
+    JobFailed,
     JobView,
     NotFound,
     PayloadTooLarge,
@@ -343,3 +346,178 @@ def test_the_async_client_uploads_and_lists(stack: Keyed, first_version: JobView
 
     job, total = asyncio.run(run())
     assert job.status == "done" and total == 1
+
+
+# -- a sharded index through the same endpoints ------------------------------------------------
+
+YEARS = ("2022", "2023", "2024")
+PLACES = ("harbour", "orchard", "observatory", "railway", "glacier", "brewery", "library", "vineyard", "mill")
+
+
+@pytest.fixture(scope="module")
+def sharded(stack: Keyed, embedder: object, tmp_path_factory: pytest.TempPathFactory) -> Keyed:
+    """Two sharded indexes of nine documents, made as `ragline ingest` makes them: ``years`` (one
+    shard per `year`) and ``hashed`` (3 hash shards)."""
+    from workers.retrieval.sharded_ingest import ingest_sharded
+
+    corpus = tmp_path_factory.mktemp("sharded-corpus")
+    for i, place in enumerate(PLACES):
+        (corpus / f"doc-{i}.md").write_text(
+            f"---\nyear: {YEARS[i % 3]}\n---\n# The {place} of district {i}\n\nThe {place} of district "
+            f"{i} opens at {7 + i} in the morning and keeps {i * 11 + 3} visitors a week."
+        )
+    made = dict(embedder=embedder, progress=False)
+    ingest_sharded(stack.settings, [corpus], index_name="years", shard_by="year", **made)  # type: ignore[arg-type]
+    ingest_sharded(stack.settings, [corpus], index_name="hashed", count=3, **made)  # type: ignore[arg-type]
+    return stack
+
+
+def _shard_versions(stack: Keyed, rl: Client, index: str) -> dict[str, str]:
+    """Each shard's version by its key, as the API shows it."""
+    from broker import shards
+
+    shard_map = shards.lookup(stack.redis, Keys(stack.settings.redis.key_prefix), index)
+    assert shard_map is not None and rl.index(index).shards == len(shard_map.keys)
+    return {k: rl.index(s).version for k, s in zip(shard_map.keys, shard_map.shards, strict=True)}
+
+
+def _hash_keys() -> set[str]:
+    from broker.shards import hash_shard
+
+    return {hash_shard(f"doc-{i}.md", 3) for i in range(len(PLACES))}
+
+
+def _ids(rl: Client, index: str) -> list[str]:
+    return [d.id for d in rl.documents(index, limit=1000).documents]
+
+
+def test_a_sharded_index_is_listed_once_with_its_shards_summed(sharded: Keyed) -> None:
+    with Client(sharded.base, api_key=sharded.reader) as rl:
+        listed = {ix.name: ix for ix in rl.indexes().indexes}
+        years = rl.index("years")
+        shard = rl.index("years.shard-2023")
+        parts = [rl.index(f"years.shard-{y}") for y in YEARS]
+    assert not [n for n in listed if ".shard-" in n], listed
+    assert (listed["years"].index_type, listed["years"].shards) == ("sharded", 3)
+    assert listed["hashed"].shards == len(_hash_keys())
+    assert all(ix.shards is None for name, ix in listed.items() if name not in ("years", "hashed"))
+    assert years.documents == len(PLACES) == sum(p.documents or 0 for p in parts)
+    assert years.chunks == sum(p.chunks for p in parts) and years.shard_of is None
+    # One shard on its own, by name: what it is part of.
+    assert (shard.shard_of, shard.shards, shard.index_type) == ("years", None, "hnsw")
+    assert shard.documents == 3
+
+
+def test_a_sharded_index_lists_every_shards_documents(sharded: Keyed) -> None:
+    with Client(sharded.base, api_key=sharded.reader) as rl:
+        pages, after = [], None
+        while True:
+            page = rl.documents("hashed", after=after, limit=4)
+            pages.append(page)
+            if (after := page.next_after) is None:
+                break
+        version = rl.index("hashed").version
+    assert [d.id for page in pages for d in page.documents] == [f"doc-{i}.md" for i in range(len(PLACES))]
+    assert [len(p.documents) for p in pages] == [4, 4, 1]
+    assert {p.total for p in pages} == {len(PLACES)} and {p.version for p in pages} == {version}
+
+
+def test_deleting_a_document_of_a_sharded_index_changes_only_its_shard(sharded: Keyed) -> None:
+    with Client(sharded.base, api_key=sharded.admin) as rl:
+        before, logical = _shard_versions(sharded, rl, "years"), rl.index("years").version
+        job = rl.delete_document("years", "doc-4.md")  # year 2023
+        after = _shard_versions(sharded, rl, "years")
+        assert job.result is not None and job.result.removed == 1
+        assert job.result.version == rl.index("years").version != logical
+        assert "doc-4.md" not in _ids(rl, "years") and len(_ids(rl, "years")) == len(PLACES) - 1
+        sources, _ = _ask(rl, "When does the glacier of district 4 open?", index="years")
+        with pytest.raises(NotFound):
+            rl.delete_document("years", "doc-4.md")
+    assert after["2023"] != before["2023"]
+    assert (after["2022"], after["2024"]) == (before["2022"], before["2024"])
+    assert not any(s.source.endswith("doc-4.md") for s in sources.sources)
+
+
+def test_an_upload_to_a_sharded_index_goes_to_its_documents_shard(sharded: Keyed) -> None:
+    from broker.shards import hash_shard
+
+    bakery = "# The Quillfeather bakery\n\nThe Quillfeather bakery sells rye bread on Tuesdays only."
+    with Client(sharded.base, api_key=sharded.admin) as rl:
+        # By hash: the shard the document's id hashes to, as `ragline ingest --shards 3` places it.
+        before = _shard_versions(sharded, rl, "hashed")
+        job = rl.upload("hashed", documents=[{"id": "quill.md", "text": bakery, "format": "md"}])
+        after = _shard_versions(sharded, rl, "hashed")
+        target = hash_shard("quill.md", 3)
+        assert [k for k in after if after[k] != before.get(k)] == [target]
+        assert job.result is not None and job.result.version == rl.index("hashed").version
+        assert "quill.md" in _ids(rl, "hashed")
+        sources, _ = _ask(rl, "Which bakery sells rye bread on Tuesdays?", index="hashed")
+        assert sources.sources[0].source == "quill.md"
+
+        # By field: doc-0.md moves from 2022 to 2023, so its copy in 2022 goes.
+        moved = {"id": "doc-0.md", "text": "The harbour of district 0 moved.", "metadata": {"year": "2023"}}
+        rl.upload("years", documents=[moved])  # type: ignore[list-item]
+        assert "doc-0.md" not in _ids(rl, "years.shard-2022")
+        assert "doc-0.md" in _ids(rl, "years.shard-2023") and _ids(rl, "years").count("doc-0.md") == 1
+        # A value no shard had yet makes a shard.
+        late = {"id": "late.md", "text": bakery, "format": "md", "metadata": {"year": "2025"}}
+        rl.upload("years", documents=[late])  # type: ignore[list-item]
+        assert rl.index("years").shards == 4
+        assert rl.index("years.shard-2025").shard_of == "years"
+        sources, _ = _ask(rl, "Which bakery sells rye bread on Tuesdays?", index="years")
+        assert sources.sources[0].source == "late.md"
+        # A document without the shard field has no shard: the job says so, nothing changes.
+        version = rl.index("years").version
+        with pytest.raises(JobFailed) as failed:
+            rl.upload("years", documents=[{"id": "nofield", "text": "No year here."}])
+        assert failed.value.job.error is not None and failed.value.job.error.status == 422
+        assert "year" in failed.value.job.error.message
+        assert rl.index("years").version == version
+
+
+def test_writes_to_one_shard_are_refused_with_the_way_to_make_them(sharded: Keyed) -> None:
+    with Client(sharded.base, api_key=sharded.admin, retries=0) as rl:
+        version = rl.index("years.shard-2022").version
+        for write in (
+            lambda: rl.upload("years.shard-2022", documents=[{"id": "x", "text": "some text"}]),
+            lambda: rl.delete_document("years.shard-2022", "doc-3.md"),
+            lambda: rl.delete_index("years.shard-2022"),
+        ):
+            with pytest.raises(Conflict) as refused:
+                write()
+            assert "shard of 'years'" in refused.value.message
+            assert "ragline ingest PATH --index years --shard-by year" in refused.value.message
+        assert rl.index("years.shard-2022").version == version
+        # A new index may not take a shard's name.
+        with pytest.raises(BadRequest) as named:
+            rl.upload("fresh.shard-1", documents=[{"id": "x", "text": "some text"}])
+        assert ".shard-" in named.value.message
+
+
+def test_deleting_a_sharded_index_removes_its_shards(sharded: Keyed) -> None:
+    from broker import shards
+    from broker.shards import hash_shard
+
+    keys = Keys(sharded.settings.redis.key_prefix)
+    root = Path(sharded.settings.indexes_dir)
+    assert len(list(root.glob("hashed.shard-*"))) == len(_hash_keys() | {hash_shard("quill.md", 3)})
+    with Client(sharded.base, api_key=sharded.admin, retries=0) as rl:
+        job = rl.delete_index("hashed")
+        assert job.status == "done" and job.result is not None
+        assert job.result.removed == len(PLACES) + 1  # with quill.md
+        with pytest.raises(NotFound):
+            rl.index("hashed")
+        for key in _hash_keys():
+            with pytest.raises(NotFound):
+                rl.index(f"hashed.shard-{key}")
+        assert not [ix.name for ix in rl.indexes().indexes if ix.name.startswith("hashed")]
+    registered = [n.decode() for n in sharded.redis.hkeys(keys.indexes)]
+    assert not [n for n in registered if n.startswith("hashed")], registered
+    assert shards.lookup(sharded.redis, keys, "hashed") is None
+    assert not list(root.glob("hashed*")), list(root.glob("hashed*"))
+    # Every document list of its shards expires (at once for the current versions'; a replaced
+    # version's an hour after its swap, as for any index).
+    lists = list(sharded.redis.scan_iter(f"{keys.prefix}:docids:hashed*"))
+    assert all(sharded.redis.ttl(k) != -1 for k in lists), lists
+    # The other sharded index is untouched.
+    assert shards.lookup(sharded.redis, keys, "years") is not None

@@ -60,6 +60,43 @@ def test_a_version_lists_its_documents_in_pages_by_id(redis_url: str, keys: Keys
     assert 0 < client.ttl(keys.documents("ix", "v1")) <= 30
 
 
+def test_a_sharded_index_lists_its_shards_documents_as_one(redis_url: str, keys: Keys) -> None:
+    client = redis.Redis.from_url(redis_url)
+    shard_a = [DocumentEntry(f"doc-{i:02d}", f"T{i}", f"doc-{i:02d}", 2) for i in (0, 2, 4, 6)]
+    shard_b = [DocumentEntry(f"doc-{i:02d}", f"T{i}", f"doc-{i:02d}", 3) for i in (1, 3, 5)]
+    # doc-04 in both: re-ingested under another shard key, its old copy not removed.
+    shard_b.append(DocumentEntry("doc-04", "T4", "doc-04", 5))
+    documents.write(client, keys, "ix.shard-a", "va", shard_a)
+    documents.write(client, keys, "ix.shard-b", "vb", shard_b)
+    versions = [("ix.shard-a", "va"), ("ix.shard-b", "vb")]
+
+    async def run() -> tuple[list[tuple[list[DocumentEntry], str | None]], int, list[str], bool]:
+        aclient = aioredis.Redis.from_url(redis_url)
+        found, after = [], None
+        while True:
+            page = await documents.apage_merged(aclient, keys, versions, after=after, limit=3)
+            assert page is not None
+            found.append(page)
+            after = page[1]
+            if after is None:
+                break
+        total = await documents.acount_merged(aclient, keys, versions)
+        holders = await documents.aholders(aclient, keys, versions, "doc-04")
+        unlisted = await documents.apage_merged(
+            aclient, keys, [*versions, ("ix.shard-c", "vc")], after=None, limit=3
+        )
+        await aclient.aclose()
+        return found, total, holders, unlisted is None
+
+    found, total, holders, unlisted = asyncio.run(run())
+    listed = [e for page, _ in found for e in page]
+    assert [e.id for e in listed] == [f"doc-{i:02d}" for i in range(7)]
+    assert [len(page) for page, _ in found] == [3, 3, 1]
+    assert next(e for e in listed if e.id == "doc-04").chunks == 7  # both copies' chunks
+    assert total == 8 and holders == ["ix.shard-a", "ix.shard-b"]
+    assert unlisted, "a shard without a list makes the whole list unavailable, not short"
+
+
 def test_a_version_registers_only_over_the_one_it_was_built_on(redis_url: str, keys: Keys) -> None:
     client = redis.Redis.from_url(redis_url)
     v1 = IndexInfo("ix", "v1", "/p/v1", 3, 384)

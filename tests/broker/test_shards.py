@@ -83,6 +83,16 @@ def test_the_logical_version_changes_with_any_shards() -> None:
     assert shards.ShardMap.decode(YEARS.encode()) == YEARS
 
 
+def test_a_hash_map_keeps_its_count_and_the_rerun_hint_names_it() -> None:
+    counted = shards.ShardMap(index="docs", shard_by=None, keys=("0", "2"), count=5)
+    assert shards.ShardMap.decode(counted.encode()) == counted
+    # A map written before the count was kept decodes without it.
+    assert shards.ShardMap.decode('{"index": "docs", "shard_by": null, "keys": ["0", "1"]}').count is None
+    assert shards.rerun_hint(counted) == "--index docs --shards 5"
+    assert shards.rerun_hint(HASHED) == "--index docs --shards N"  # no count recorded
+    assert shards.rerun_hint(YEARS) == "--index news --shard-by year"
+
+
 def test_partial_fields_reach_every_answer() -> None:
     done = Done(answer=None, partial=True, partial_shards=["docs.shard-2"])
     assert Done.decode(done.encode()) == done

@@ -20,7 +20,7 @@ import redis
 from celery import Task
 from celery.signals import worker_init
 
-from broker import jobs
+from broker import jobs, shards
 from broker.celery_app import create_celery
 from broker.contract import Error, IngestProgress, IngestResult, IngestTask
 from broker.keys import Keys
@@ -78,6 +78,11 @@ def _run(task: IngestTask, client: redis.Redis, report: build.Report) -> IngestR
         change = build.staged_chunks(settings.retrieval, settings.uploads_dir / task.staging)
     else:
         change = build.Change(add=[], added_ids=[], drop=frozenset(task.document_ids))
+    shard_map = shards.lookup(client, keys, task.index)
+    if shard_map is not None:
+        return build.change_shards(
+            settings, client, keys, embedder(), shard_map=shard_map, change=change, report=report
+        )
     return build.next_version(
         settings, client, keys, embedder(), index=task.index, change=change, report=report
     )

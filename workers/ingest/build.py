@@ -10,13 +10,13 @@ embedded again, through the embedding cache (hits cost a Redis read, not an enco
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import redis
 
-from broker import documents, indexes
+from broker import documents, indexes, shards
 from broker.contract import IngestProgress, IngestResult, UploadManifest
 from broker.indexes import IndexInfo
 from broker.keys import Keys
@@ -28,6 +28,7 @@ from workers.retrieval.embedding_cache import EmbeddingCache
 from workers.retrieval.ingest import build_index, catalog, document_id, record_counts
 from workers.retrieval.lexical import LexicalIndex
 from workers.retrieval.readers import read_document
+from workers.retrieval.sharded_ingest import key_order, register_sharded, split
 
 # Told each step; False: the job was cancelled, stop without registering anything.
 Report = Callable[[IngestProgress], bool]
@@ -103,13 +104,18 @@ def next_version(
     index: str,
     change: Change,
     report: Report,
+    index_type: str = "hnsw",
 ) -> IngestResult:
-    """Build, list and register the next version of ``index`` with ``change``; raises
-    IngestRefused (nothing registered) when it cannot."""
+    """Build, list and register the next version of ``index`` with ``change`` (of ``index_type``
+    when it is new, else of its own); raises IngestRefused (nothing registered) when it cannot."""
     previous = indexes.lookup(client, keys, index)
+    if previous is not None and previous.index_type == shards.SHARDED_TYPE:
+        # The API refuses this before staging; an index sharded since the upload was accepted
+        # has no files of its own to build on.
+        hint = _hint(client, keys, index)
+        raise IngestRefused(409, f"index {index!r} is sharded: add to it with `ragline ingest PATH {hint}`")
     kept: list[Chunk] = []
     kept_vectors: np.ndarray | None = None
-    index_type = "hnsw"
     present: set[str] = set()
     if previous is not None:
         old_index, old_chunks = index_store.read_version(previous)
@@ -192,12 +198,124 @@ def _undo(settings: Settings, client: redis.Redis, keys: Keys, info: IndexInfo, 
     documents.retire(client, keys, info.name, info.version, ttl_s=1)
 
 
+def _hint(client: redis.Redis, keys: Keys, index: str) -> str:
+    shard_map = shards.lookup(client, keys, index)
+    return shards.rerun_hint(shard_map) if shard_map else f"--index {index}"
+
+
+def change_shards(
+    settings: Settings,
+    client: redis.Redis,
+    keys: Keys,
+    embedder: Embedder,
+    *,
+    shard_map: shards.ShardMap,
+    change: Change,
+    report: Report,
+) -> IngestResult:
+    """``change`` made to a sharded index, routed as an ingest splits documents: each uploaded one
+    to the shard its id's hash or its shard field picks (a copy of it in another shard, its
+    field's value changed since, is dropped there), each deleted one from the shards listing it.
+    Then the next version of each shard it touches, one after another, and the index registered
+    again over its shards, so that its version (and the result cache) follows."""
+    index = shard_map.index
+    if change.add and shard_map.shard_by is None and shard_map.count is None:
+        raise IngestRefused(
+            409,
+            f"index {index!r} was sharded before its shard count was recorded: ingest these documents "
+            f"once with `ragline ingest PATH --index {index} --shards N`, N the count it was made with",
+        )
+    try:
+        parts = split(change.add, index=index, count=shard_map.count, shard_by=shard_map.shard_by)
+    except ValueError as exc:
+        raise IngestRefused(422, str(exc)) from None
+    current = {key: indexes.lookup(client, keys, shards.shard_index(index, key)) for key in shard_map.keys}
+    plan: dict[str, Change] = {}
+    listed_anywhere: set[str] = set()
+    for key in sorted(set(shard_map.keys) | set(parts), key=key_order):
+        shard, info = shards.shard_index(index, key), current.get(key)
+        listed = _listed_among(client, keys, info, change.drop) if info else frozenset()
+        listed_anywhere |= listed
+        add = parts.get(key, [])
+        added = list(dict.fromkeys(document_id(c) for c in add))
+        if not add and not listed:
+            continue
+        if not add and _holds_only(client, keys, info, listed):
+            raise IngestRefused(
+                409,
+                f"that would leave shard {shard!r} of index {index!r} without documents: delete the "
+                f"index (DELETE /v1/indexes/{index}) and ingest it again without them",
+            )
+        plan[shard] = Change(add=add, added_ids=added, drop=listed | frozenset(added))
+    missing = sorted(change.drop - set(change.added_ids) - listed_anywhere)
+    if missing:
+        raise IngestRefused(404, f"index {index!r} has no document {missing[0]!r}")
+    # A new shard (a field value, or a hash slot, no document had yet) is built as its siblings are.
+    index_type = next((i.index_type for i in current.values() if i is not None), "hnsw")
+    results: list[IngestResult] = []
+    logical: IndexInfo | None = None
+    try:
+        for shard, shard_change in plan.items():
+            results.append(
+                next_version(
+                    settings,
+                    client,
+                    keys,
+                    embedder,
+                    index=shard,
+                    change=shard_change,
+                    report=report,
+                    index_type=index_type,
+                )
+            )
+    finally:
+        # Also when a later shard failed or the job was cancelled: a shard already swapped must
+        # change the index's version. Not when the index was deleted meanwhile.
+        if results and indexes.lookup(client, keys, index) is not None:
+            built = {r.index for r in results}
+            grown = {k for k in parts if k not in shard_map.keys and shards.shard_index(index, k) in built}
+            if grown:
+                shard_map = replace(shard_map, keys=tuple(sorted({*shard_map.keys, *grown}, key=key_order)))
+                index_store.write_shard_map(settings.indexes_dir, shard_map)
+            logical = register_sharded(client, keys, settings.indexes_dir, shard_map)
+    if logical is None:
+        raise IngestRefused(409, f"index {index!r} was deleted while this ran")
+    return IngestResult(
+        index=index,
+        version=logical.version,
+        documents=logical.documents or 0,
+        chunks=logical.chunks,
+        added=len(change.added_ids),
+        removed=sum(r.removed for r in results),
+        embedded=sum(r.embedded for r in results),
+        reused=sum(r.reused for r in results),
+    )
+
+
+def _holds_only(client: redis.Redis, keys: Keys, info: IndexInfo | None, ids: frozenset[str]) -> bool:
+    return info is not None and client.zcard(keys.document_ids(info.name, info.version)) <= len(ids)
+
+
+def _listed_among(client: redis.Redis, keys: Keys, info: IndexInfo, ids: frozenset[str]) -> frozenset[str]:
+    """Which of ``ids`` the version ``info`` lists."""
+    if not ids:
+        return frozenset()
+    ordered = sorted(ids)
+    found = client.hmget(keys.documents(info.name, info.version), ordered)
+    return frozenset(i for i, raw in zip(ordered, found, strict=True) if raw is not None)
+
+
 def remove(
     settings: Settings, client: redis.Redis, keys: Keys, *, index: str, version: str | None
 ) -> IngestResult:
     """The files of a deleted index (the API unregistered it already); when it was made again
-    since, only the deleted version's folder."""
+    since, only the deleted version's folder. A sharded index's shards go with it."""
     registered = indexes.lookup(client, keys, index)
+    shard_map = shards.lookup(client, keys, index)
+    if shard_map is not None:
+        if registered is not None:  # sharded again since: its shards are in use
+            return IngestResult(index=index, version=None, documents=0, chunks=0, removed=0)
+        return _remove_sharded(settings, client, keys, shard_map)
     removed = 0
     if version is not None:
         removed = len(_listed_ids(client, keys, index, version))
@@ -207,6 +325,24 @@ def remove(
     elif version is not None and version != registered.version:
         index_store.discard_version(settings.indexes_dir, index, version, current=registered.version)
     return IngestResult(index=index, version=None, documents=0, chunks=0, removed=removed)
+
+
+def _remove_sharded(
+    settings: Settings, client: redis.Redis, keys: Keys, shard_map: shards.ShardMap
+) -> IngestResult:
+    """Every shard's files and list and the map beside them, then the registry's entries and map
+    at once. Files first: a worker starting meanwhile finds no CURRENT to register a shard again
+    from, and a redelivery after a crash still finds the map in Redis."""
+    removed = 0
+    for shard in shard_map.shards:
+        info = indexes.lookup(client, keys, shard)
+        if info is not None:
+            removed += len(_listed_ids(client, keys, shard, info.version))
+            documents.retire(client, keys, shard, info.version, ttl_s=1)
+        index_store.remove_index(settings.indexes_dir, shard)
+    index_store.remove_index(settings.indexes_dir, shard_map.index)
+    shards.unregister(client, keys, shard_map)
+    return IngestResult(index=shard_map.index, version=None, documents=0, chunks=0, removed=removed)
 
 
 def _listed_ids(client: redis.Redis, keys: Keys, index: str, version: str) -> list[bytes]:

@@ -125,7 +125,7 @@ class BatchRetriever:
         for r in requests:
             groups[(r.index, r.index_version, self._knobs(r), filter_key(r.filter))].append(r)
         for (index_name, version, knobs, _), group in groups.items():
-            sharded = self._shards.sharded(index_name) if self._shards is not None else None
+            sharded = self._shards.sharded(index_name, version=version) if self._shards is not None else None
             if self._shards is not None and sharded is not None:
                 gathered = self._shards.search(
                     sharded,

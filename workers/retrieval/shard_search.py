@@ -184,12 +184,20 @@ class ShardSearch:
         # Shard -> (when read, whether a live worker consumes its queue).
         self._live: dict[str, tuple[float, bool]] = {}
 
-    def sharded(self, index: str) -> tuple[shards.ShardMap, IndexInfo] | None:
+    def sharded(self, index: str, *, version: str | None = None) -> tuple[shards.ShardMap, IndexInfo] | None:
         """``index``'s shard map and logical entry, or None for a plain (or unknown) index;
-        rechecked at most every ``recheck_s``, so a plain index costs no round trip per batch."""
+        rechecked at most every ``recheck_s``, so a plain index costs no round trip per batch, and
+        at once when ``version`` (what the API saw) is not the cached one: an upload that made a
+        shard must not be answered, and cached, from the shards before it."""
         now = time.monotonic()
         cached = self._maps.get(index)
-        if cached is not None and now - cached[0] < self._recheck_s:
+        stale = (
+            version is not None
+            and cached is not None
+            and cached[1] is not None
+            and cached[1][1].version != version
+        )
+        if cached is not None and now - cached[0] < self._recheck_s and not stale:
             return cached[1]
         found: tuple[shards.ShardMap, IndexInfo] | None = None
         shard_map = shards.lookup(self._client, self._keys, index)

@@ -56,7 +56,7 @@ def split(
     return parts
 
 
-def _key_order(key: str) -> tuple[bool, int, str]:
+def key_order(key: str) -> tuple[bool, int, str]:
     return (not key.isdigit(), int(key) if key.isdigit() else 0, key)
 
 
@@ -76,6 +76,11 @@ def planned_map(
         raise ValueError(f"index {index!r} is sharded {way}: ingest it the same way, or use another name")
     if shard_by is None and count is not None and any(int(k) >= count for k in current.keys):
         raise ValueError(f"index {index!r} has more than {count} shards: ingest it with its own --shards")
+    if shard_by is None and current.count is not None and count != current.count:
+        # Another count would hash a document already in the index to another shard: it would
+        # then be in both.
+        have = current.count
+        raise ValueError(f"index {index!r} has {have} shards: ingest it with --shards {have}")
     return current
 
 
@@ -114,13 +119,13 @@ def ingest_sharded(
     builder = VersionBuilder(settings, embedder or Embedder(settings.retrieval), progress=progress)
     current = planned_map(builder.client, builder.keys, index_name, count=count, shard_by=shard_by)
     built: dict[str, IngestReport] = {}
-    for key in sorted(parts, key=_key_order):
+    for key in sorted(parts, key=key_order):
         shard = shards.shard_index(index_name, key)
         files_in = len({document_id(c) for c in parts[key]})
         built[shard] = builder.build(shard, parts[key], index_type=index_type, files=files_in)
     known = set(current.keys if current else ()) | set(parts)
     shard_map = shards.ShardMap(
-        index=index_name, shard_by=shard_by, keys=tuple(sorted(known, key=_key_order))
+        index=index_name, shard_by=shard_by, keys=tuple(sorted(known, key=key_order)), count=count
     )
     index_store.write_shard_map(settings.indexes_dir, shard_map)
     info = register_sharded(builder.client, builder.keys, settings.indexes_dir, shard_map)

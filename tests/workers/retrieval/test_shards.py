@@ -387,3 +387,15 @@ def test_a_default_worker_serves_shards_ingested_after_it_started(
             assert _top(answers) == _top(_as(_ask(local, "late"), "late"))
     finally:
         proc.stop()
+
+
+def test_a_hash_sharded_index_keeps_its_count(sharded: Settings) -> None:
+    from workers.retrieval.sharded_ingest import planned_map
+
+    client = redis.Redis.from_url(sharded.redis.redis_url)
+    keys = Keys(sharded.redis.key_prefix)
+    assert _map(sharded, "hashed").count == 3
+    assert planned_map(client, keys, "hashed", count=3, shard_by=None) == _map(sharded, "hashed")
+    # A fourth shard would hash documents already placed to another one: they would be in two.
+    with pytest.raises(ValueError, match="--shards 3"):
+        planned_map(client, keys, "hashed", count=4, shard_by=None)
