@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.env import settings_env
+from bench.env import settings_env, share_models
 from broker.contract import Source
 from broker.settings import Settings
 from ragline.processes import Supervisor, free_port, interrupt_on_signals
@@ -303,7 +303,7 @@ def main() -> int:
     )
     from workers.generation.model_prep import prepare_default_model
 
-    (args.home / "models").mkdir(parents=True, exist_ok=True)
+    share_models(args.home)
     prepare_default_model(settings)
     requests = faq_requests(32)
     prompts = build_prompts(settings, requests)

@@ -55,6 +55,7 @@ from broker.keys import Keys
 from broker.queues import GENERATION_QUEUE, QUEUES, RETRIEVAL_QUEUE
 from broker.settings import Settings
 from ragline import processes
+from workers.generation.model_prep import prepare_default_model
 
 INDEX = "overload"
 SHARES = [0.4, 0.2, 0.2, 0.2]  # key 0 is the greedy client
@@ -355,6 +356,7 @@ def main() -> int:
     )
     redis.Redis.from_url(args.redis_url).flushdb()
     ensure_index(settings)
+    prepare_default_model(settings)  # once, into the shared models folder
     client, keys = redis.Redis.from_url(args.redis_url), Keys(settings.redis.key_prefix)
     probe_key, _ = apikeys.create(client, keys, "bench-probe", rate=1e6, burst=1_000_000)
     probe = {"Authorization": f"Bearer {probe_key}"}
