@@ -245,6 +245,8 @@ class Lone:
     first_s: list[float] = field(default_factory=list)  # request sent -> first token event read
     engine_first_ms: list[float] = field(default_factory=list)  # worker: engine start -> first token
     prompt_tokens: list[int] = field(default_factory=list)
+    queue_ms: list[float] = field(default_factory=list)  # worker-reported: both queues' waits
+    retrieval_ms: list[float] = field(default_factory=list)  # worker-reported: embed and search
 
 
 def lone_requests(settings: Settings, base: str, questions: list[str], n: int = 30) -> Lone:
@@ -275,7 +277,10 @@ def lone_requests(settings: Settings, base: str, questions: list[str], n: int = 
                         done = json.loads(line.removeprefix("data: "))
             if i >= 2:  # the first two warm the path
                 lone.first_s.append(first or float("nan"))
-                lone.engine_first_ms.append(done.get("timings", {}).get("first_token_ms", float("nan")))
+                timings = done.get("timings", {})
+                lone.engine_first_ms.append(timings.get("first_token_ms", float("nan")))
+                lone.queue_ms.append(timings.get("queue_ms", float("nan")))
+                lone.retrieval_ms.append(timings.get("retrieval_ms", float("nan")))
                 lone.prompt_tokens.append((done.get("usage") or {}).get("prompt_tokens", 0))
     return lone
 
@@ -351,7 +356,9 @@ def report(rows: list[dict], lone: Lone, out: Path) -> int:
         f"\nlone full RAG request through the API, {len(lone.first_s)} times: first token P50 "
         f"{pct(lone.first_s, 50) * 1000:.0f} ms, P99 {pct(lone.first_s, 99) * 1000:.0f} ms; "
         f"of which the engine's own time to first token (prefill of P50 "
-        f"{pct(lone.prompt_tokens, 50):.0f} prompt tokens) P50 {pct(lone.engine_first_ms, 50):.0f} ms"
+        f"{pct(lone.prompt_tokens, 50):.0f} prompt tokens) P50 {pct(lone.engine_first_ms, 50):.0f} ms; "
+        f"waiting in the queues P50 {pct(lone.queue_ms, 50):.1f} ms, embedding and search P50 "
+        f"{pct(lone.retrieval_ms, 50):.1f} ms"
     )
 
     import matplotlib
