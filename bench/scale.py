@@ -11,8 +11,10 @@ type whose index would not fit in ``--max-index-gb`` is skipped. Each index is m
 fresh process (bench/scale_probe.py): the resident memory loading and searching it adds,
 recall@10, P50/P99 of single queries and of 32-query batches. Printed: a table, the targets,
 the plot ``scale_latency.png`` (latency against corpus size per index type), and last one JSON
-line. ``--quick`` is one 100k corpus and fewer queries; ``--shards`` (scatter-gather over 1, 2
-and 4 shards through the API) is not measured yet.
+line. ``--quick`` is one 100k corpus and fewer queries. ``--shards`` adds the scatter-gather
+through the API over 1, 2 and 4 shards of the 1M corpus against one unsharded worker, on real
+processes (bench/scale_shards.py; ``--quick``: a 10k corpus and a few rounds): a table of its
+own, and ``shards4_over_1_p99`` in the JSON line.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from bench import scale_shards
 from bench.scale_data import Corpus
 from bench.scale_index import TYPES, Built, build_command, cached, ensure_truth, estimated_bytes
 from bench.scale_probe import Probe
 from broker.settings import RetrievalSettings, Settings
+from ragline.processes import interrupt_on_signals
 
 _PROBE_TIMEOUT_S = 3600  # a 10M on-disk index searched cold, on a slow disk, with room to spare
 _BUILD_TIMEOUT_S = 12 * 3600  # 10M IVF-PQ on 2 cores: k-means over ~12k lists, then 10M adds
@@ -108,11 +112,18 @@ def measure_size(
     return rows
 
 
-def measure_shards(args: argparse.Namespace) -> float | None:
-    """P99 of the scatter-gather over 4 shards of the 1M set through the API, over one unsharded
-    worker's: to come with sharding (branch ``shards``); None until then."""
-    print("shards (1, 2 and 4 shards of the 1M set through the API): not measured", flush=True)
-    return None
+def measure_shards(root: Path, settings: Settings, args: argparse.Namespace) -> scale_shards.ShardRun:
+    """The scatter-gather over 1, 2 and 4 shards through the API, against one unsharded worker."""
+    corpus = Corpus(n=args.shard_size, clusters=args.clusters, seed=args.seed)
+    return scale_shards.measure(
+        root,
+        corpus,
+        settings,
+        rounds=args.shard_rounds,
+        warm_up=args.shard_warm_up,
+        redis_url=args.shard_redis_url,
+        seed=args.seed,
+    )
 
 
 def table(rows: list[Row]) -> str:
@@ -225,15 +236,26 @@ def main(argv: list[str] | None = None) -> int:
         default=round(_physical_gb() / 2, 1),
         help="skip an index type whose build needs more (default: half this machine's RAM)",
     )
-    parser.add_argument("--shards", action="store_true", help="1, 2 and 4 shards through the API (not yet)")
+    parser.add_argument("--shards", action="store_true", help="1, 2 and 4 shards through the API")
+    parser.add_argument("--shard-size", default=None, help="the sharded corpus (default 1m; --quick 10k)")
+    parser.add_argument("--shard-rounds", type=int, default=None, help="timed queries per configuration")
+    parser.add_argument("--shard-warm-up", type=int, default=None, help="untimed rounds first")
+    parser.add_argument(
+        "--shard-redis-url",
+        default="redis://127.0.0.1:6379/13",
+        help="a Redis database of its own for the served stack: flushed at the start and the end",
+    )
     args = parser.parse_args(argv)
     args.sizes = args.sizes or ("100k" if args.quick else "1m,10m")
     args.queries = args.queries or (500 if args.quick else 2000)
     args.warm_up = args.warm_up if args.warm_up is not None else min(100, args.queries // 5)
+    args.shard_rounds = args.shard_rounds or (30 if args.quick else 1000)
+    args.shard_warm_up = args.shard_warm_up if args.shard_warm_up is not None else (3 if args.quick else 20)
     try:
         sizes = [parse_size(s) for s in args.sizes.split(",")]
+        args.shard_size = parse_size(args.shard_size or ("10k" if args.quick else "1m"))
     except ValueError as e:
-        parser.error(f"--sizes {args.sizes}: {e}")
+        parser.error(f"--sizes {args.sizes} / --shard-size {args.shard_size}: {e}")
     types = [t.strip() for t in args.types.split(",")]
     if unknown := set(types) - set(TYPES):
         parser.error(f"unknown index types {sorted(unknown)}: choose from {', '.join(TYPES)}")
@@ -241,7 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings()
     root = (args.home or settings.home) / "bench-scale"
     rows = [row for n in sizes for row in measure_size(root, n, types, settings.retrieval, args)]
-    shards = measure_shards(args) if args.shards else None
+    if args.shards:
+        interrupt_on_signals()  # SIGTERM unwinds like Ctrl-C: the served processes are stopped
+    shard_run = measure_shards(root, settings, args) if args.shards else None
+    shards = shard_run.shards4_over_1_p99 if shard_run else None
     print()
     print(table(rows))
     print(
@@ -249,6 +274,14 @@ def main(argv: list[str] | None = None) -> int:
         " and searching an index added to a fresh process; file-backed pages are memory-mapped files."
     )
     print()
+    if shard_run is not None:
+        print(scale_shards.table(shard_run))
+        print(
+            "\nOne client, one query at a time, the configurations in turns; P50/P99 of whole answers"
+            " through the API (embedding included). 1 shard: the same index as the unsharded one,"
+            " searched by a shard worker over its queue."
+        )
+        print()
     print(targets(rows, shards))
     print(f"\nplot: {plot(rows, args.out)}")
     print(
