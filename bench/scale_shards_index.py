@@ -75,6 +75,9 @@ def row_of(chunk: Chunk) -> int:
 def shard_of_rows(chunks: list[Chunk], count: int) -> np.ndarray:
     """Each row's shard number, as ``ragline ingest --shards count`` would split the chunks."""
     parts = split(chunks, index=sharded_name(count), count=count, shard_by=None)
+    if len(parts) < count:  # an empty shard has no index to serve
+        documents = -(-len(chunks) // CHUNKS_PER_DOCUMENT)
+        raise ValueError(f"{documents} documents left a shard of {count} empty: use a larger corpus")
     of = np.full(len(chunks), -1, dtype=np.int64)
     for key, part in parts.items():
         of[[row_of(c) for c in part]] = int(key)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from bench.scale_data import Corpus
 from bench.scale_shards_index import (
@@ -36,6 +37,8 @@ def test_rows_split_by_document_as_an_ingest_splits_them() -> None:
     by_document = of.reshape(-1, CHUNKS_PER_DOCUMENT)
     assert (by_document == by_document[:, :1]).all()  # a document is never split
     assert (shard_of_rows(chunks, 1) == 0).all()
+    with pytest.raises(ValueError, match="empty"):
+        shard_of_rows(placeholder_chunks(0, CHUNKS_PER_DOCUMENT), 2)  # one document, two shards
 
 
 def test_the_served_indexes_hold_each_row_once_with_its_own_vector(tmp_path: Path) -> None:
