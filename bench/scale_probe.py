@@ -4,6 +4,11 @@ queries and for batches. Prints one JSON line (a :class:`Probe`).
 
     .venv/bin/python -m bench.scale_probe FOLDER INDEX_TYPE QUERIES.npy TOP.npy [--warm-up 100]
 
+Searched as a retrieval worker searches for a top-10 request: ``RAGLINE_RETRIEVAL_CANDIDATES``
+deep (at least twice the top 10, workers/retrieval/batch.py), with the worker's default knobs;
+recall@10 is of the first 10. IVF's refine re-ranks ``RAGLINE_IVF_REFINE_K_FACTOR`` times that
+depth, so a search only 10 deep would refine far fewer candidates than a worker does.
+
 The index's files are dropped from the page cache first (clean pages only, no privileges
 needed), so that an on-disk index starts from the disk, however recently it was built; an
 untimed warm-up of queries other than the timed ones follows.
@@ -24,7 +29,7 @@ import numpy as np
 
 from bench.scale_data import recall_at
 from bench.scale_index import TOP_K, knobs
-from broker.settings import Settings
+from broker.settings import RetrievalSettings, Settings
 from workers.retrieval import index_store
 
 BATCH = 32
@@ -68,6 +73,11 @@ def _percentiles(seconds: list[float]) -> tuple[float, float]:
     return float(p50), float(p99)
 
 
+def worker_depth(settings: RetrievalSettings) -> int:
+    """How deep a retrieval worker searches for a top-10 request (``BatchRetriever._depth``)."""
+    return max(settings.retrieval_candidates, 2 * TOP_K)
+
+
 def probe(folder: Path, index_type: str, queries: np.ndarray, truth: np.ndarray, *, warm_up: int) -> Probe:
     settings = Settings().retrieval
     # As a retrieval worker sets it (workers/retrieval/batch.py).
@@ -80,8 +90,11 @@ def probe(folder: Path, index_type: str, queries: np.ndarray, truth: np.ndarray,
     load_s = time.perf_counter() - started
     loaded = _rss()
 
+    depth = worker_depth(settings)
+
     def search(q: np.ndarray) -> np.ndarray:
-        return index.search(q, TOP_K, params=params)[1] if params else index.search(q, TOP_K)[1]
+        found = index.search(q, depth, params=params)[1] if params else index.search(q, depth)[1]
+        return found[:, :TOP_K]
 
     # The warm-up's queries are the last ones, never timed; the timed ones are all the others.
     timed, warm = queries[: len(queries) - warm_up], queries[len(queries) - warm_up :]
