@@ -5,7 +5,7 @@ queries and for batches. Prints one JSON line (a :class:`Probe`).
     .venv/bin/python -m bench.scale_probe FOLDER INDEX_TYPE QUERIES.npy TOP.npy [--warm-up 100]
 
 Searched as a retrieval worker searches for a top-10 request: ``RAGLINE_RETRIEVAL_CANDIDATES``
-deep (at least twice the top 10, workers/retrieval/batch.py), with the worker's default knobs;
+deep (at least twice the top 10: ``search_depth``), with the worker's default knobs;
 recall@10 is of the first 10. IVF's refine re-ranks ``RAGLINE_IVF_REFINE_K_FACTOR`` times that
 depth, so a search only 10 deep would refine far fewer candidates than a worker does.
 
@@ -29,8 +29,9 @@ import numpy as np
 
 from bench.scale_data import recall_at
 from bench.scale_index import TOP_K, knobs
-from broker.settings import RetrievalSettings, Settings
+from broker.settings import Settings
 from workers.retrieval import index_store
+from workers.retrieval.search import search_depth
 
 BATCH = 32
 
@@ -73,11 +74,6 @@ def _percentiles(seconds: list[float]) -> tuple[float, float]:
     return float(p50), float(p99)
 
 
-def worker_depth(settings: RetrievalSettings) -> int:
-    """How deep a retrieval worker searches for a top-10 request (``BatchRetriever._depth``)."""
-    return max(settings.retrieval_candidates, 2 * TOP_K)
-
-
 def probe(folder: Path, index_type: str, queries: np.ndarray, truth: np.ndarray, *, warm_up: int) -> Probe:
     settings = Settings().retrieval
     # As a retrieval worker sets it (workers/retrieval/batch.py).
@@ -90,7 +86,7 @@ def probe(folder: Path, index_type: str, queries: np.ndarray, truth: np.ndarray,
     load_s = time.perf_counter() - started
     loaded = _rss()
 
-    depth = worker_depth(settings)
+    depth = search_depth(settings.retrieval_candidates, TOP_K)
 
     def search(q: np.ndarray) -> np.ndarray:
         found = index.search(q, depth, params=params)[1] if params else index.search(q, depth)[1]

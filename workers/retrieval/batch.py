@@ -32,7 +32,7 @@ from workers.retrieval.embedder import Embedder
 from workers.retrieval.embedding_cache import EmbeddingCache
 from workers.retrieval.index_store import IndexCache, LoadedIndex, SearchKnobs, UnknownIndex
 from workers.retrieval.rerank import Reranker
-from workers.retrieval.search import Candidate, diversify
+from workers.retrieval.search import Candidate, diversify, search_depth
 from workers.retrieval.shard_search import ShardSearch, search_loaded
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class BatchRetriever:
         )
 
     def _depth(self, top_k: int) -> int:
-        return max(self._settings.retrieval_candidates, 2 * top_k)
+        return search_depth(self._settings.retrieval_candidates, top_k)
 
     def run(self, requests: list[RetrieveRequest], *, picked_at: float) -> Retrieved:
         metrics.COALESCED_BATCH.observe(len(requests))

@@ -20,6 +20,13 @@ class Candidate:
     dense: float | None = None
 
 
+def search_depth(candidates: int, top_k: int) -> int:
+    """How many candidates a search for ``top_k`` results fetches: ``candidates``
+    (RAGLINE_RETRIEVAL_CANDIDATES), and at least twice ``top_k``, so fusion, the reranker and the
+    diversity caps have more than the answer to choose from."""
+    return max(candidates, 2 * top_k)
+
+
 def _value(chunk: Chunk, key: str) -> str | None:
     if key == "title":
         return chunk.title

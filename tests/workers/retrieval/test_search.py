@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from broker.contract import PrefixMatch, filter_key
 from workers.retrieval.chunking import Chunk
-from workers.retrieval.search import Candidate, allowed_rows, diversify, fuse, matches
+from workers.retrieval.search import Candidate, allowed_rows, diversify, fuse, matches, search_depth
 
 
 def _chunk(i: int, source: str, anchor: str, **meta: str) -> Chunk:
@@ -50,3 +50,8 @@ def test_filters_equality_membership_prefix_and_missing_keys() -> None:
     assert allowed_rows(chunks, {"team": "x"}).tolist() == []  # a key a chunk lacks never matches
     assert matches(chunks[2], {"title": PrefixMatch(prefix="T › ")})
     assert filter_key({"b": "1", "a": ["x"]}) == filter_key({"a": ["x"], "b": "1"}) != filter_key(None)
+
+
+def test_search_depth_is_the_candidates_and_at_least_twice_top_k() -> None:
+    assert search_depth(50, 10) == 50
+    assert search_depth(50, 40) == 80
