@@ -12,20 +12,15 @@ import math
 from dataclasses import dataclass
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
-
-from api.routers.web import PAGE_PATHS
-from broker import apikeys, metrics
-from broker.ratelimit import Door, Status, Verdict
+from ragline.api.web.docs import DOCS_PATHS
+from ragline.api.web.router import PAGE_PATHS
+from ragline.broker import metrics
+from ragline.broker.limits.ratelimit import AuthRateLimiter, Status, Verdict
+from ragline.broker.state import apikeys
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = (
-    frozenset(
-        {"/healthz", "/readyz", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
-    )
-    | PAGE_PATHS
-)
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"}) | DOCS_PATHS | PAGE_PATHS
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +38,24 @@ def rate_headers(verdict: Verdict) -> dict[str, str]:
 
 
 class Access:
-    def __init__(self, door: Door) -> None:
-        self._door = door
+    def __init__(self, limiter: AuthRateLimiter) -> None:
+        self._limiter = limiter
+
+    async def is_admin(self, request: Request) -> bool:
+        """Whether ``request`` carries an admin key (with keys off, every request does): what an
+        open path shows only to operators. A key presented here is checked, and spends a token,
+        as on any other path; one refused for any reason is no admin's."""
+        if not self._limiter.requires_key:
+            return True
+        key = apikeys.presented(request.headers.get("authorization"), request.headers.get("x-api-key"))
+        if not key:
+            return False
+        try:
+            verdict = await self._limiter.check(key)
+        except Exception as exc:
+            log.warning("the API key check could not reach Redis: %r", exc)
+            return False
+        return verdict.status is Status.ALLOWED and apikeys.ADMIN in verdict.scopes
 
     async def check(self, request: Request) -> Refusal | Verdict:
         """The verdict for this request, or why it is refused (no queue is touched either way)."""
@@ -52,9 +63,9 @@ class Access:
             return Verdict(Status.ALLOWED)
         key = apikeys.presented(request.headers.get("authorization"), request.headers.get("x-api-key"))
         try:
-            verdict = await self._door.check(key)
+            verdict = await self._limiter.check(key)
         except Exception as exc:
-            log.warning("the door could not reach Redis: %r", exc)
+            log.warning("the API key check could not reach Redis: %r", exc)
             return Refusal(503, "unavailable", "cannot check the API key right now", {"Retry-After": "1"})
         if verdict.status is Status.UNAUTHENTICATED:
             metrics.REJECTIONS.labels("unauthenticated").inc()
@@ -73,11 +84,3 @@ class Access:
                 {"Retry-After": str(retry), **rate_headers(verdict)},
             )
         return verdict
-
-
-def refusal_response(refusal: Refusal, request_id: str) -> JSONResponse:
-    return JSONResponse(
-        {"error": refusal.error, "message": refusal.message, "request_id": request_id},
-        status_code=refusal.status,
-        headers={**refusal.headers, "X-Request-Id": request_id},
-    )

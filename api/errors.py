@@ -1,7 +1,8 @@
 """The one place errors become responses: ``{error, message, request_id}`` with a 4xx/5xx status,
 or, on the OpenAI-compatible paths (``/v1/chat/…``, ``/v1/models``), OpenAI's own shape
 ``{"error": {message, type, param, code}}``, with 400 for every request that is not valid (OpenAI's
-clients expect it; the rest of the API says 422 for a body that is JSON but wrong).
+clients expect it; the rest of the API says 422 for a body that is JSON but wrong); on ``/mcp``, a
+JSON-RPC error (an MCP client shows its message, and reads no other body).
 
 :func:`api_error` maps any exception to an :class:`ApiError`; everything that answers an error
 goes through it: the framework's exception handlers, the fast path, an SSE stream that has to end
@@ -14,19 +15,22 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from http import HTTPStatus
+from typing import Any
 
 import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
+from ragline.broker import metrics
+from ragline.broker.errors import RaglineError
+from ragline.broker.limits.leases import CapReached
+from ragline.broker.redis.durability import NotReplicated
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import Scope
-
-from broker import metrics
-from broker.leases import CapReached
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +44,13 @@ KEY_CAP_RETRY_AFTER_S = 1
 
 # Paths whose errors take OpenAI's shape (its clients read nothing else).
 OPENAI_PATHS = ("/v1/chat/", "/v1/models")
+# The MCP endpoint (api/mcp/): its errors are JSON-RPC errors.
+MCP_PATH = "/mcp"
+# JSON-RPC's code for an error of the server's own (the range -32000 to -32099 is the server's).
+_JSONRPC_SERVER_ERROR = -32000
 
 
-class ApiError(Exception):
+class ApiError(RaglineError):
     def __init__(
         self,
         status: int,
@@ -64,24 +72,24 @@ def unavailable(message: str) -> ApiError:
     return ApiError(503, "unavailable", message, headers={"Retry-After": str(REDIS_RETRY_AFTER_S)})
 
 
-def _describe(errors: list[dict[str, object]]) -> str:
+def _describe(errors: Sequence[Mapping[str, Any]]) -> str:
     parts = []
     for err in errors:
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")  # type: ignore[union-attr]
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
         parts.append(f"{loc or 'body'}: {err.get('msg')}")
     return "; ".join(parts)
 
 
-def invalid(errors: list[dict[str, object]]) -> ApiError:
+def invalid(errors: Sequence[Mapping[str, Any]]) -> ApiError:
     """A body that did not validate: 400 when it is not JSON at all, else 422 naming each field."""
     if any(e.get("type") == "json_invalid" for e in errors):
         return ApiError(400, "malformed_json", "request body is not valid JSON")
     return ApiError(422, "invalid_request", _describe(errors), param=_field(errors))
 
 
-def _field(errors: list[dict[str, object]]) -> str | None:
+def _field(errors: Sequence[Mapping[str, Any]]) -> str | None:
     """The top-level field of the first error (OpenAI's ``param``), if it names one."""
-    loc = [p for p in errors[0].get("loc", ()) if p != "body"] if errors else []  # type: ignore[union-attr]
+    loc = [p for p in errors[0].get("loc", ()) if p != "body"] if errors else []
     return str(loc[0]) if loc else None
 
 
@@ -90,7 +98,7 @@ def api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, RequestValidationError | ValidationError):
-        return invalid(list(exc.errors()))  # type: ignore[arg-type]
+        return invalid(list(exc.errors()))
     if isinstance(exc, CapReached):  # the key holds all it may: other keys are still served
         metrics.REJECTIONS.labels("key_cap").inc()
         return ApiError(429, "key_cap", str(exc), headers={"Retry-After": str(KEY_CAP_RETRY_AFTER_S)})
@@ -99,6 +107,17 @@ def api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, HTTPException):  # the framework's own: an unknown route, a wrong method
         error = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_")
         return ApiError(exc.status_code, error, str(exc.detail), headers=dict(exc.headers or {}))
+    # Only input can nest deep enough to exhaust the stack here (each parser the API uses has a
+    # depth limit of its own; this is the one left for any that has not): the request is at fault.
+    if isinstance(exc, RecursionError):
+        log.warning("a request nested too deeply for a parser: %r", exc)
+        return ApiError(400, "too_deep", "the request is nested too deeply to read")
+    # A job's write reached no replica in time (RAGLINE_REDIS_WAIT_REPLICAS): it was undone, so
+    # nothing was accepted; a failover in progress, or a replica behind, passes within seconds.
+    if isinstance(exc, NotReplicated):
+        metrics.REJECTIONS.labels("not_replicated").inc()
+        log.warning("a durable write was not replicated: %s", exc)
+        return unavailable("the job could not be stored on a Redis replica in time; retry shortly")
     # Redis (or the task queue's own connection to it) failed or timed out: the request may
     # succeed in a moment, and nothing was accepted that could be lost.
     if isinstance(exc, redis.RedisError | ConnectionError | TimeoutError):
@@ -143,12 +162,28 @@ def openai_error(error: ApiError) -> dict[str, object]:
     }
 
 
+def mcp_error(error: ApiError, request_id: str | None) -> dict[str, object]:
+    """The error as a JSON-RPC error without an id (the request's was not read): its message says
+    the status and why, its data has the fields of the API's own error body."""
+    data = {"status": error.status, "error": error.error, "message": error.message, "request_id": request_id}
+    message = f"{error.status} {error.error}: {error.message}"
+    return {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": _JSONRPC_SERVER_ERROR, "message": message, "data": data},
+    }
+
+
 def error_response(exc: BaseException, request_id: str | None, *, path: str = "") -> Response:
-    """The response for ``exc``, in OpenAI's shape on its paths (see :data:`OPENAI_PATHS`)."""
+    """The response for ``exc``, in OpenAI's shape on its paths (see :data:`OPENAI_PATHS`), as a
+    JSON-RPC error on :data:`MCP_PATH`."""
     error = api_error(exc)
     headers = dict(error.headers)
     if request_id:
         headers.setdefault("X-Request-Id", request_id)
+    if path == MCP_PATH:
+        body = json.dumps(mcp_error(error, request_id), separators=(",", ":")).encode()
+        return Response(body, error.status, headers, media_type="application/json")
     if openai_shaped(path):
         body = json.dumps(openai_error(error), separators=(",", ":")).encode()
         return Response(body, openai_status(error.status), headers, media_type="application/json")
@@ -163,5 +198,12 @@ def install(app: FastAPI) -> None:
     async def handle(request: Request, exc: Exception) -> Response:
         return error_response(exc, request_id_of(request.scope), path=request.url.path)
 
-    for kind in (ApiError, HTTPException, RequestValidationError, redis.RedisError, CapReached):
+    for kind in (
+        ApiError,
+        HTTPException,
+        RequestValidationError,
+        redis.RedisError,
+        CapReached,
+        NotReplicated,
+    ):
         app.add_exception_handler(kind, handle)

@@ -7,7 +7,8 @@
   resort: an exception nothing else answered becomes the error mapping's response.
 - :class:`BodyLimit`: 413 past the limit, for a body whose ``Content-Length`` says so at once,
   for one sent in chunks as soon as the bytes that arrived pass it.
-- :class:`Door`: the API key (401) and rate limits (429), one Redis round trip, touching no queue.
+- :class:`AuthAndRateLimit`: the API key (401) and rate limits (429), one Redis round trip,
+  touching no queue.
 
 Plain ASGI rather than Starlette's ``@app.middleware``, which wraps each response in extra tasks
 and streams: on the cache-hit path that overhead was larger than the work itself.
@@ -20,12 +21,12 @@ import time
 import uuid
 from typing import Any
 
+from ragline.api.access import Refusal, rate_headers
+from ragline.api.errors import ApiError, error_response
+from ragline.broker import metrics
+from ragline.broker.errors import RaglineError
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from api.access import Refusal, rate_headers
-from api.errors import ApiError, error_response
-from broker import metrics
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -109,7 +110,7 @@ class Metrics(_Http):
                 metrics.REQUEST_SECONDS.labels(endpoint, answered_as).observe(time.perf_counter() - began)
 
 
-class BodyTooLarge(Exception):
+class BodyTooLarge(RaglineError):
     """Raised into the app by :class:`BodyLimit` when a body passes the limit."""
 
 
@@ -178,7 +179,7 @@ class BodyLimit(_Http):
         )
 
 
-class Door(_Http):
+class AuthAndRateLimit(_Http):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)

@@ -26,14 +26,16 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 sys.path.insert(0, str(Path.cwd()))  # run from another checkout's root: its bench, broker, ragline
 
+from ragline.broker.config.settings import Settings
+
 from bench import retrieval
 from bench.env import settings_env
-from broker.settings import Settings
 from ragline.processes import free_port
 
 RETRIEVAL_ONLY = ', "mode": "retrieval"'
@@ -101,7 +103,7 @@ def measure(load: retrieval.Load, procs: Processes, connections: int, duration: 
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    options: dict[str, object] = dict(
+    options: dict[str, Any] = dict(
         home=args.home,
         redis_url=args.redis_url,
         default_index=retrieval.INDEX,

@@ -19,7 +19,12 @@ sequences). Phases, one after another:
 4. 8 and then 32 concurrent RAG clients: generated tokens/s.
 5. the stack with the old defaults: the lone phase again.
 6. the bare engine fed the prompts ragline built in phase 1 (rebuilt from the recorded sources by
-   the worker's own prompt builder), one at a time, same settings and sampling.
+   the worker's own prompt builder, as token ids padded to the engine's KV blocks), one at a
+   time, same settings and sampling: once on every
+   core this run may use, and once pinned to the cores ragline's engine process gets under its
+   core split (the same CPU set, so the same thread count; on a host without a split, such as a
+   GPU host, the two are one run). Against the first, the lone answer pays for the split too;
+   against the second, only for ragline itself.
 
 Prints a table, writes a PNG, and prints one JSON line last. Loopback only; every load is
 bounded in count and time; SIGTERM or Ctrl-C stops whatever it started.
@@ -45,11 +50,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from ragline.broker.config.host import core_list
+from ragline.broker.config.settings import Settings
 
 from bench.env import share_models
 from bench.openloop import open_loop, percentile
 from bench.retrieval import DEFAULT_DOCS, ensure_index, faq_labels, load_queries
-from broker.settings import Settings
 from ragline.processes import free_port, interrupt_on_signals
 
 INDEX = "pydocs"
@@ -64,6 +70,8 @@ OLD_DEFAULTS = {
 TARGETS = {
     "lone_gen_over_engine": (">=", 0.9),
     "lone_first_token_over_engine_ms": ("<=", 30.0),
+    "lone_gen_over_engine_same_cores": (">=", 0.9),
+    "lone_first_token_over_engine_same_cores_ms": ("<=", 50.0),
     "lone_e2e_ratio_vs_old_defaults": ("<=", 0.45),
     "mixed_retrieval_p99_ratio": ("<=", 3.0),
     "mixed_efficiency": (">=", 0.9),
@@ -330,16 +338,28 @@ def start_up(env: dict[str, str], log: Path, api_port: int, timeout_s: float = 9
 
 def engine_only(prompts_file: Path, result_file: Path) -> None:
     """In a process of its own: the bare engine, the prompts one at a time (TTFT, e2e, tokens)."""
-    from broker.settings import get_settings
-    from workers.generation.engine import EngineHost
-    from workers.generation.model_prep import generation_model_path
+    from ragline.broker.config.settings import get_settings
+    from ragline.broker.contract.messages import SOURCES
+    from ragline.workers.generation.engine import EngineHost
+    from ragline.workers.generation.model_prep import generation_model_path
+    from ragline.workers.generation.prompt import PromptBuilder, build_rag_prompt
+    from transformers import AutoTokenizer
 
     settings = get_settings()
     host = EngineHost(settings.generation, generation_model_path(settings))
     host.start()
+    # Built here, padded to this engine's KV blocks, as the worker builds them.
+    tokenizer = AutoTokenizer.from_pretrained(generation_model_path(settings))
+    builder = PromptBuilder(tokenizer, block_tokens=host.prefix_block_tokens())
+    prompts = [
+        build_rag_prompt(
+            settings.generation, builder, r["question"], SOURCES.validate_python(r["sources"])
+        ).token_ids
+        for r in json.loads(prompts_file.read_text())
+    ]
     rows = []
     try:
-        for i, prompt in enumerate(json.loads(prompts_file.read_text())):
+        for i, prompt in enumerate(prompts):
             started = time.perf_counter()
             first, tokens = math.nan, 0
             for delta in host.stream(
@@ -357,20 +377,64 @@ def engine_only(prompts_file: Path, result_file: Path) -> None:
     result_file.write_text(json.dumps(rows))
 
 
-def rebuild_prompts(env: dict[str, str], samples: list[RagSample]) -> list[str]:
-    """The prompts ragline's worker built for these requests, from their recorded sources."""
-    from transformers import AutoTokenizer
+def engine_cores(env: dict[str, str]) -> tuple[int, ...] | None:
+    """The cores `ragline up` started with ``env`` gives its engine process (None: every core,
+    as on a GPU host, a one-core host or with RAGLINE_SPLIT_CORES=false)."""
+    from ragline.stack import core_split
 
-    from broker.contract import SOURCES
-    from workers.generation.model_prep import generation_model_path
-    from workers.generation.prompt import build_rag_prompt
+    split = core_split(_settings_from(env))
+    return split.engine if split is not None else None
 
-    settings = _settings_from(env)
-    tokenizer = AutoTokenizer.from_pretrained(generation_model_path(settings))
-    return [
-        build_rag_prompt(settings.generation, tokenizer, s.question, SOURCES.validate_python(s.sources)).text
-        for s in samples
-    ]
+
+def start_pinned(
+    cmd: list[str], env: dict[str, str], cores: tuple[int, ...] | None
+) -> subprocess.Popen[bytes]:
+    """``cmd`` in a session of its own, on ``cores`` only (None: this process's), as the
+    supervisor of `ragline up` confines its children: a pinned engine sizes its threads from them."""
+
+    def pin() -> None:
+        if cores is not None:
+            os.sched_setaffinity(0, cores)
+
+    return subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=pin)
+
+
+def bare_engine(
+    prompts_file: Path, result_file: Path, env: dict[str, str], cores: tuple[int, ...] | None
+) -> list[dict[str, float]]:
+    """The bare engine's run (:func:`engine_only`) in a process of its own, on ``cores``."""
+    cmd = [sys.executable, "-m", "bench.deployed", "--engine-only", str(prompts_file), str(result_file)]
+    bare = start_pinned(cmd, env, cores)
+    try:
+        if bare.wait(1800) != 0:
+            raise RuntimeError(f"the bare engine run failed ({bare.returncode})")
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(bare.pid, signal.SIGKILL)  # its engine core too
+    rows: list[dict[str, float]] = json.loads(result_file.read_text())
+    return rows
+
+
+def engine_tok_s(rows: list[dict[str, float]]) -> float:
+    return sum(r["tokens"] for r in rows) / (sum(r["e2e_s"] for r in rows) or math.nan)
+
+
+def against_engine(
+    samples: list[RagSample], rows: list[dict[str, float]], suffix: str = ""
+) -> dict[str, float]:
+    """The lone answers against the bare engine's run on the same prompts: tokens/s as a ratio,
+    the median first token's lead in ms (``suffix`` names which engine run)."""
+    return {
+        f"lone_gen_over_engine{suffix}": ratio(tok_s(samples), engine_tok_s(rows)),
+        f"lone_first_token_over_engine{suffix}_ms": 1000
+        * (p50([s.first_token_s for s in samples]) - p50([r["first_token_s"] for r in rows])),
+    }
+
+
+def recorded_requests(samples: list[RagSample]) -> list[dict[str, Any]]:
+    """Each request's question and recorded sources: the bare engine's process rebuilds the
+    prompts ragline's worker built from them."""
+    return [{"question": s.question, "sources": s.sources} for s in samples]
 
 
 def _settings_from(env: dict[str, str]) -> Settings:
@@ -446,7 +510,7 @@ def plot(
 
 
 def machine() -> str:
-    from broker import host
+    from ragline.broker.config import host
 
     here = host.detect()
     model = ""
@@ -495,9 +559,8 @@ def stack_env(args: argparse.Namespace, index: str, **extra: str) -> tuple[dict[
 
 def api_key(redis_url: str) -> dict[str, str]:
     import redis
-
-    from broker import apikeys
-    from broker.keys import Keys
+    from ragline.broker.redis.keys import Keys
+    from ragline.broker.state import apikeys
 
     key, _ = apikeys.create(
         redis.Redis.from_url(redis_url), Keys(), "bench-deployed", rate=1e6, burst=1_000_000
@@ -518,7 +581,7 @@ def run(args: argparse.Namespace) -> int:
 
     redis.Redis.from_url(args.redis_url).flushdb()
     base_settings = Settings().replace(home=args.home, redis_url=args.redis_url, default_index=index)
-    from workers.generation.model_prep import prepare_default_model
+    from ragline.workers.generation.model_prep import prepare_default_model
 
     prepare_default_model(base_settings)
     ensure_index(base_settings.replace(default_index=index), docs, index=index)
@@ -565,27 +628,20 @@ def run(args: argparse.Namespace) -> int:
     finally:
         up_old.stop()
 
-    print("phase 6: the bare engine on ragline's prompts", flush=True)
-    prompts_file, result_file = logs / "prompts.json", logs / "engine.json"
-    prompts_file.write_text(json.dumps(rebuild_prompts(env, lone_sample)))
-    bare = subprocess.Popen(
-        [sys.executable, "-m", "bench.deployed", "--engine-only", str(prompts_file), str(result_file)],
-        env=env,
-        start_new_session=True,
-    )
-    try:
-        if bare.wait(1800) != 0:
-            raise RuntimeError(f"the bare engine run failed ({bare.returncode})")
-    finally:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(bare.pid, signal.SIGKILL)  # its engine core too
-    engine = json.loads(result_file.read_text())
-
-    engine_tok_s = sum(r["tokens"] for r in engine) / (sum(r["e2e_s"] for r in engine) or math.nan)
-    f["lone_gen_over_engine"] = ratio(tok_s(lone_sample), engine_tok_s)
-    f["lone_first_token_over_engine_ms"] = 1000 * (
-        p50([s.first_token_s for s in lone_sample]) - p50([r["first_token_s"] for r in engine])
-    )
+    print("phase 6: the bare engine on ragline's prompts, on every core", flush=True)
+    prompts_file = logs / "prompts.json"
+    prompts_file.write_text(json.dumps(recorded_requests(lone_sample)))
+    engine = bare_engine(prompts_file, logs / "engine.json", env, None)
+    cores = engine_cores(env)
+    if cores is None:
+        print("  no core split on this host: the same cores are every core", flush=True)
+        engine_same = engine
+    else:
+        print(f"  again on ragline's engine cores ({core_list(cores)})", flush=True)
+        engine_same = bare_engine(prompts_file, logs / "engine-same-cores.json", env, cores)
+    f["engine_same_cores"] = core_list(cores) if cores is not None else "all"
+    f |= against_engine(lone_sample, engine)
+    f |= against_engine(lone_sample, engine_same, "_same_cores")
     f["lone_e2e_s_p50"] = p50([s.e2e_s for s in lone_sample])
     f["lone_e2e_ratio_vs_old_defaults"] = ratio(
         f["lone_e2e_s_p50"], p50([s.e2e_s for s in lone_old if s.status == 200 and not s.degraded])
@@ -598,7 +654,8 @@ def run(args: argparse.Namespace) -> int:
     f["predict_err_p50"] = percentile(errors, 50)
     f["predict_err_p90"] = percentile(errors, 90)
     details = {
-        "engine_tok_s": engine_tok_s,
+        "engine_tok_s": engine_tok_s(engine),
+        "engine_tok_s_same_cores": engine_tok_s(engine_same),
         "ragline_lone_tok_s": tok_s(lone_sample),
         "lone_e2e_s_p50_old": p50([s.e2e_s for s in lone_old]),
         "lone_prompt_tokens_p50": p50([float(s.prompt_tokens) for s in lone_sample]),
@@ -622,6 +679,7 @@ def run(args: argparse.Namespace) -> int:
             "ragline": [s.e2e_s for s in lone_sample],
             "old defaults": [s.e2e_s for s in lone_old if not math.isnan(s.e2e_s)],
             "bare engine": [r["e2e_s"] for r in engine],
+            "bare engine, same cores": [r["e2e_s"] for r in engine_same],
         },
         {"alone": alone_lat, "beside 4 RAG clients": mixed_lat},
         args.out,

@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from broker.settings import Settings
+from ragline.broker.config.settings import Settings
 
 
 def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
     """This process's environment plus every setting (lists and dicts as JSON, as
     pydantic-settings reads them)."""
     env = dict(os.environ) | settings.environment()
+    # Importing vLLM on a CPU sets LD_PRELOAD (torch's OpenMP, tcmalloc) for the engine processes
+    # it spawns; a child of the benchmark that is no engine (the API, retrieval) must not load them.
+    env.pop("LD_PRELOAD", None)
     # A benchmark's processes live on this machine for one run: development secrets will do.
     env.update(
         HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", RAGLINE_DEV_MODE="true"

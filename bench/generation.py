@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.generation [--eager] [--max-tokens 64]
 
-SmolLM2-135M-Instruct in the dtype the host chooses (broker/host.py); RAG prompts built from the
+SmolLM2-135M-Instruct in the dtype the host chooses (broker/config/host.py); RAG prompts built from the
 Python 3.11 FAQ (Debian's python3.11-doc): each FAQ question with its own answer section and two
 neighbours as sources.
 Measured at 1, 8 and 32 concurrent requests: output tokens/s, TTFT and end-to-end P50/P99.
@@ -21,19 +21,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from ragline.broker.config.settings import Settings
+from ragline.broker.contract.messages import Source
 
 from bench.env import settings_env, share_models
-from broker.contract import Source
-from broker.settings import Settings
 from ragline.processes import Supervisor, free_port, interrupt_on_signals
 
 CONCURRENCY = (1, 8, 32)
@@ -41,7 +43,7 @@ DOCS = Path("/usr/share/doc/python3.11/html/_sources")
 FAQ_INDEX = "pyfaq"
 
 
-def pct(values: list[float], q: float) -> float:
+def pct(values: Sequence[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
@@ -58,11 +60,11 @@ def summarize(name: str, c: int, tokens: int, wall_s: float, ttft: list[float], 
 
 
 def faq_requests(n: int) -> list[tuple[str, list[Source]]]:
-    from workers.retrieval.readers import read_sections
+    from ragline.workers.retrieval.readers import read_sections
 
     sections = []
-    for path in sorted((DOCS / "faq").glob("*.rst.txt")):
-        sections += [(s, str(path)) for s in read_sections(path)]
+    for file in sorted((DOCS / "faq").glob("*.rst.txt")):
+        sections += [(s, str(file)) for s in read_sections(file)]
     out = []
     for i, (section, path) in enumerate(sections):
         if not section.title.endswith("?"):
@@ -82,17 +84,23 @@ def faq_requests(n: int) -> list[tuple[str, list[Source]]]:
     return out[:n]
 
 
-def build_prompts(settings: Settings, requests: list[tuple[str, list[Source]]]) -> list[str]:
+def build_prompts(
+    settings: Settings, requests: list[tuple[str, list[Source]]], *, block_tokens: int = 1
+) -> list[tuple[int, ...]]:
+    """The worker's prompts (token ids), padded to an engine's KV blocks as the worker pads them."""
+    from ragline.workers.generation.model_prep import generation_model_path
+    from ragline.workers.generation.prompt import PromptBuilder, build_rag_prompt
     from transformers import AutoTokenizer
 
-    from workers.generation.model_prep import generation_model_path
-    from workers.generation.prompt import build_rag_prompt
+    builder = PromptBuilder(
+        AutoTokenizer.from_pretrained(generation_model_path(settings)), block_tokens=block_tokens
+    )
+    return [build_rag_prompt(settings.generation, builder, q, s).token_ids for q, s in requests]
 
-    tok = AutoTokenizer.from_pretrained(generation_model_path(settings))
-    return [build_rag_prompt(settings.generation, tok, q, s).text for q, s in requests]
 
-
-def run_threads(stream_fn, prompts: list[str], c: int, max_tokens: int) -> tuple[int, float, list, list]:
+def run_threads(
+    stream_fn, prompts: list[tuple[int, ...]], c: int, max_tokens: int
+) -> tuple[int, float, list, list]:
     """c requests at a time from c threads; returns (tokens, wall seconds, TTFTs, end-to-ends)."""
     ttft: list[float] = []
     e2e: list[float] = []
@@ -130,9 +138,9 @@ def run_threads(stream_fn, prompts: list[str], c: int, max_tokens: int) -> tuple
     return tokens, time.perf_counter() - started, ttft, e2e
 
 
-def bench_transformers(settings: Settings, prompts: list[str], max_tokens: int) -> list[dict]:
-    from workers.generation.hf_engine import TransformersEngine
-    from workers.generation.model_prep import generation_model_path
+def bench_transformers(settings: Settings, prompts: list[tuple[int, ...]], max_tokens: int) -> list[dict]:
+    from ragline.workers.generation.hf_engine import TransformersEngine
+    from ragline.workers.generation.model_prep import generation_model_path
 
     engine = TransformersEngine(settings.generation, generation_model_path(settings))
     engine.start()
@@ -140,9 +148,8 @@ def bench_transformers(settings: Settings, prompts: list[str], max_tokens: int) 
     # One at a time: each prompt timed alone (batch of one).
     durations, counts = [], []
     for prompt in prompts[:16]:
-        ids = engine.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         started = time.perf_counter()
-        [(_, n)] = engine.generate_batch([ids], [max_tokens])
+        [(_, n)] = engine.generate_batch([list(prompt)], [max_tokens])
         durations.append(time.perf_counter() - started)
         counts.append(n)
     for c in CONCURRENCY:
@@ -161,14 +168,15 @@ def bench_transformers(settings: Settings, prompts: list[str], max_tokens: int) 
     return rows
 
 
-def bench_vllm(settings: Settings, prompts: list[str], max_tokens: int) -> list[dict]:
-    from workers.generation.engine import EngineHost
-    from workers.generation.model_prep import generation_model_path
+def bench_vllm(settings: Settings, requests: list[tuple[str, list[Source]]], max_tokens: int) -> list[dict]:
+    from ragline.workers.generation.engine import EngineHost
+    from ragline.workers.generation.model_prep import generation_model_path
 
     engine = EngineHost(settings.generation, generation_model_path(settings))
     started = time.perf_counter()
     engine.start()
     print(f"vLLM engine started in {time.perf_counter() - started:.0f}s", flush=True)
+    prompts = build_prompts(settings, requests, block_tokens=engine.prefix_block_tokens())
     run_threads(engine.stream, prompts[:4], 4, 8)  # warm up
     rows = []
     for c in CONCURRENCY:
@@ -180,12 +188,12 @@ def bench_vllm(settings: Settings, prompts: list[str], max_tokens: int) -> list[
 
 
 async def _via_worker(settings: Settings, requests: list[tuple[str, list[Source]]], c: int) -> tuple:
-    from broker.celery_app import create_celery
-    from broker.contract import Done, GenerateTask
-    from broker.events import read_events
-    from broker.keys import Keys
-    from broker.queues import GENERATE_TASK, GENERATION_QUEUE
-    from broker.redis_pool import async_client
+    from ragline.broker.celery_app import create_celery
+    from ragline.broker.contract.messages import Done, GenerateTask
+    from ragline.broker.contract.queues import GENERATE_TASK, GENERATION_QUEUE
+    from ragline.broker.redis.keys import Keys
+    from ragline.broker.redis.pool import async_client
+    from ragline.broker.streams.events import read_events
 
     app = create_celery(settings.redis)
     client = async_client(settings.redis)
@@ -220,8 +228,7 @@ async def _via_worker(settings: Settings, requests: list[tuple[str, list[Source]
 
 def _wait_live(settings: Settings, queue: str, sup: Supervisor, timeout: float = 600) -> None:
     import redis
-
-    from broker.keys import Keys
+    from ragline.broker.redis.keys import Keys
 
     client = redis.Redis.from_url(settings.redis.redis_url)
     deadline = time.monotonic() + timeout
@@ -249,12 +256,14 @@ class Lone:
     retrieval_ms: list[float] = field(default_factory=list)  # worker-reported: embed and search
 
 
-def lone_requests(settings: Settings, base: str, questions: list[str], n: int = 30) -> Lone:
+def lone_requests(
+    settings: Settings, base: str, questions: list[str], n: int = 30, *, until: float = math.inf
+) -> Lone:
+    """``n`` lone requests after two that warm the path; none starts past ``until`` (time.time())."""
     import httpx
     import redis
-
-    from broker import apikeys
-    from broker.keys import Keys
+    from ragline.broker.redis.keys import Keys
+    from ragline.broker.state import apikeys
 
     key, _ = apikeys.create(
         redis.Redis.from_url(settings.redis.redis_url), Keys(settings.redis.key_prefix), "bench"
@@ -263,6 +272,8 @@ def lone_requests(settings: Settings, base: str, questions: list[str], n: int = 
     headers = {"Authorization": f"Bearer {key}"}
     with httpx.Client(base_url=base, timeout=120, headers=headers) as client:
         for i in range(n + 2):
+            if time.time() >= until:
+                break
             question = f"{questions[i % len(questions)]} ({uuid.uuid4().hex[:6]})"  # never a cache hit
             started = time.perf_counter()
             first, event, done = None, "", {}
@@ -306,7 +317,7 @@ def main() -> int:
         max_new_tokens=args.max_tokens,
         default_index=FAQ_INDEX,
     )
-    from workers.generation.model_prep import prepare_default_model
+    from ragline.workers.generation.model_prep import prepare_default_model
 
     share_models(args.home)
     prepare_default_model(settings)
@@ -315,12 +326,12 @@ def main() -> int:
     print(f"{len(prompts)} prompts, {args.max_tokens} new tokens each", flush=True)
 
     rows = bench_transformers(settings, prompts, args.max_tokens)
-    rows += bench_vllm(settings, prompts, args.max_tokens)
+    rows += bench_vllm(settings, requests, args.max_tokens)
 
     import redis
 
     redis.Redis.from_url(settings.redis.redis_url).flushdb()
-    from workers.retrieval.ingest import ingest
+    from ragline.workers.retrieval.ingest import ingest
 
     ingest(settings, [DOCS / "faq"], index_name=FAQ_INDEX, progress=False)
     port = free_port()

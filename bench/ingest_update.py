@@ -16,14 +16,13 @@ import uuid
 from pathlib import Path
 
 import redis
-
-from broker.contract import IngestProgress
-from broker.keys import Keys
-from broker.settings import RetrievalSettings, Settings
-from workers.ingest import build
-from workers.retrieval.chunking import chunk_sections
-from workers.retrieval.embedder import Embedder
-from workers.retrieval.readers import read_document
+from ragline.broker.config.settings import RetrievalSettings, Settings
+from ragline.broker.contract.messages import IngestProgress
+from ragline.broker.redis.keys import Keys
+from ragline.workers.ingest import build
+from ragline.workers.retrieval.chunking import chunk_sections
+from ragline.workers.retrieval.embedder import Embedder
+from ragline.workers.retrieval.readers import read_document
 
 
 def _document(i: int) -> str:

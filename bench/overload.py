@@ -40,22 +40,23 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import redis
+from ragline.broker.config.settings import Settings
+from ragline.broker.contract.queues import GENERATION_QUEUE, QUEUES, RETRIEVAL_QUEUE
+from ragline.broker.limits.backpressure import priority_lists
+from ragline.broker.redis.keys import Keys
+from ragline.broker.state import apikeys, indexes
+from ragline.workers.generation.model_prep import prepare_default_model
 
 from bench.env import settings_env, share_models
 from bench.openloop import Sample, open_loop, percentile, sequential
-from broker import apikeys, indexes
-from broker.backpressure import priority_lists
-from broker.keys import Keys
-from broker.queues import GENERATION_QUEUE, QUEUES, RETRIEVAL_QUEUE
-from broker.settings import Settings
 from ragline import processes
-from workers.generation.model_prep import prepare_default_model
 
 INDEX = "overload"
 SHARES = [0.4, 0.2, 0.2, 0.2]  # key 0 is the greedy client
@@ -122,10 +123,11 @@ class Stack:
 def ensure_index(settings: Settings, index: str = INDEX) -> None:
     """pydoc's topics, ingested once into the bench's home as ``index``; re-registered if Redis
     lost them."""
-    from broker.redis_pool import sync_client
+    from ragline.broker.redis.pool import sync_client
+    from ragline.workers.retrieval import index_store
+    from ragline.workers.retrieval.ingest import ingest
+
     from ragline.demo import write_demo_corpus
-    from workers.retrieval import index_store
-    from workers.retrieval.ingest import ingest
 
     client, keys = sync_client(settings.redis), Keys(settings.redis.key_prefix)
     for info in index_store.current_on_disk(settings.indexes_dir):
@@ -248,7 +250,7 @@ HEADER = (
 def find_capacity(
     url: str,
     headers: dict[str, str],
-    bodies: Bodies,
+    bodies: Callable[[int], dict[str, Any]],  # a Bodies, or any body by request number
     settings: Settings,
     *,
     start: float,
@@ -263,7 +265,7 @@ def find_capacity(
             url,
             rate=rate,
             duration_s=step_s,
-            body=lambda i, o=offset: bodies(o + i),
+            body=lambda i, o=offset: bodies(o + i),  # type: ignore[misc]  # o: the step's offset, bound now
             headers=[headers],
             timeout_s=60,
         )

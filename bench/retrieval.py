@@ -25,16 +25,16 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
+from ragline.broker.config.settings import Settings
 
 from bench.env import settings_env
 from bench.loadgen import LoadResult, escape_query, run_wrk
-from broker.settings import Settings
 from ragline.processes import Supervisor, free_port, interrupt_on_signals
 
 CONCURRENCY = (1, 16, 64)
@@ -73,11 +73,11 @@ def _start(cmds: list[list[str]], env: dict[str, str], url: str, probe: dict[str
 
 
 def ensure_index(settings: Settings, docs: Path, *, index: str = INDEX) -> None:
-    from broker import indexes
-    from broker.keys import Keys
-    from broker.redis_pool import sync_client
-    from workers.retrieval import index_store
-    from workers.retrieval.ingest import ingest
+    from ragline.broker.redis.keys import Keys
+    from ragline.broker.redis.pool import sync_client
+    from ragline.broker.state import indexes
+    from ragline.workers.retrieval import index_store
+    from ragline.workers.retrieval.ingest import ingest
 
     client, keys = sync_client(settings.redis), Keys(settings.redis.key_prefix)
     if indexes.lookup(client, keys, index) is None:
@@ -90,9 +90,9 @@ def ensure_index(settings: Settings, docs: Path, *, index: str = INDEX) -> None:
 
 def fresh_prefix(settings: Settings) -> str:
     """A new Redis key prefix with the bench's index registered under it."""
-    from broker import indexes
-    from broker.keys import Keys
-    from broker.redis_pool import sync_client
+    from ragline.broker.redis.keys import Keys
+    from ragline.broker.redis.pool import sync_client
+    from ragline.broker.state import indexes
 
     client = sync_client(settings.redis)
     info = indexes.lookup(client, Keys(settings.redis.key_prefix), INDEX)
@@ -118,7 +118,7 @@ def forget_prefix(settings: Settings, prefix: str) -> None:
 
 def faq_labels(docs: Path) -> list[tuple[str, str, str]]:
     """(question, source, section anchor) for every FAQ section whose title is a question."""
-    from workers.retrieval.readers import read_sections
+    from ragline.workers.retrieval.readers import read_sections
 
     labels = []
     for path in sorted((docs / "faq").glob("*.rst.txt")):
@@ -139,9 +139,9 @@ def load_queries(settings: Settings, *, index: str = INDEX, seed: int = 0) -> li
     of the chunks' text, which are longer, encode several times slower and so would measure a workload
     no RAG front end sees.
     """
-    from broker import indexes
-    from broker.keys import Keys
-    from broker.redis_pool import sync_client
+    from ragline.broker.redis.keys import Keys
+    from ragline.broker.redis.pool import sync_client
+    from ragline.broker.state import indexes
 
     info = indexes.lookup(sync_client(settings.redis), Keys(settings.redis.key_prefix), index)
     assert info is not None
@@ -198,12 +198,11 @@ def recall_and_ceiling(
     settings: Settings, labels: list[tuple[str, str, str]], queries: list[str]
 ) -> tuple[dict[str, float], Ceiling]:
     import faiss
-
-    from broker import indexes
-    from broker.keys import Keys
-    from broker.redis_pool import sync_client
-    from workers.retrieval import index_store
-    from workers.retrieval.embedder import Embedder
+    from ragline.broker.redis.keys import Keys
+    from ragline.broker.redis.pool import sync_client
+    from ragline.broker.state import indexes
+    from ragline.workers.retrieval import index_store
+    from ragline.workers.retrieval.embedder import Embedder
 
     info = indexes.lookup(sync_client(settings.redis), Keys(settings.redis.key_prefix), INDEX)
     assert info is not None
@@ -227,7 +226,7 @@ def recall_and_ceiling(
         for _, src, anchor in labels
     ]
     knobs = index_store.SearchKnobs(refine_k_factor=settings.retrieval.ivf_refine_k_factor)
-    ivf_loaded = index_store.LoadedIndex(replace(info, index_type="ivfpq"), ivf, hnsw.chunks)
+    ivf_loaded = index_store.LoadedIndex(info.model_copy(update={"index_type": "ivfpq"}), ivf, hnsw.chunks)
     out: dict[str, float] = {}
     for name, index in (("flat", flat), ("hnsw", hnsw.index)):
         _, ids = index.search(q, 10)

@@ -15,16 +15,15 @@ import argparse
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-
-from broker.settings import get_settings
+from ragline.broker.config.settings import get_settings
 
 
 def naive_app() -> FastAPI:
-    from broker import indexes
-    from broker.keys import Keys
-    from broker.redis_pool import sync_client
-    from workers.retrieval import index_store
-    from workers.retrieval.embedder import Embedder
+    from ragline.broker.redis.keys import Keys
+    from ragline.broker.redis.pool import sync_client
+    from ragline.broker.state import indexes
+    from ragline.workers.retrieval import index_store
+    from ragline.workers.retrieval.embedder import Embedder
 
     settings = get_settings()
     embedder = Embedder(settings.retrieval)

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery
 from kombu import Queue
-
-from broker import redis_transport
-from broker.queues import (
+from ragline.broker.config.settings import RedisSettings, get_settings
+from ragline.broker.contract.queues import (
     CALLBACKS_QUEUE,
     DELIVER_WEBHOOK_TASK,
     GENERATE_TASK,
     GENERATION_QUEUE,
     INGEST_QUEUE,
     INGEST_TASK,
+    INGEST_TURN_TASK,
     RETRIEVAL_QUEUE,
     RETRIEVE_TASK,
 )
-from broker.settings import RedisSettings, get_settings
+from ragline.broker.redis import transport as redis_transport
+from ragline.broker.redis.target import parse
 
 
 def create_celery(settings: RedisSettings | None = None) -> Celery:
@@ -24,13 +27,26 @@ def create_celery(settings: RedisSettings | None = None) -> Celery:
     redis_transport.install()  # a worker that holds a task when Redis restarts reconnects
     # The same transport options bound every broker call and tell Redis when to redeliver a task
     # whose worker died (acks_late): Celery reads visibility_timeout from both option dicts.
-    transport_options = {
+    transport_options: dict[str, Any] = {
         "visibility_timeout": settings.visibility_timeout_s,
         "socket_timeout": settings.redis_socket_timeout_s,
         "socket_connect_timeout": settings.redis_connect_timeout_s,
         "global_keyprefix": "",
     }
-    app = Celery("ragline", broker=settings.redis_url, set_as_current=False)
+    target = parse(settings.redis_url, sentinel_password=settings.redis_sentinel_password)
+    ssl: dict[str, Any] | None = None
+    if target.is_sentinel:
+        # kombu's sentinel:// list: it asks each sentinel in turn for master_name's address.
+        transport_options["master_name"] = target.master
+        transport_options["sentinel_kwargs"] = target.sentinel_kwargs(
+            socket_timeout=settings.redis_socket_timeout_s,
+            socket_connect_timeout=settings.redis_connect_timeout_s,
+        )
+        if target.tls:
+            ssl = dict(target.tls_options) or {"ssl_cert_reqs": "required"}
+    app = Celery("ragline", broker=target.kombu_url(), set_as_current=False)
+    if ssl is not None:
+        app.conf.broker_use_ssl = ssl
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -61,6 +77,7 @@ def create_celery(settings: RedisSettings | None = None) -> Celery:
             GENERATE_TASK: {"queue": GENERATION_QUEUE},
             DELIVER_WEBHOOK_TASK: {"queue": CALLBACKS_QUEUE},
             INGEST_TASK: {"queue": INGEST_QUEUE},
+            INGEST_TURN_TASK: {"queue": INGEST_QUEUE},
         },
         worker_send_task_events=False,  # an event per task costs throughput; Flower still sees workers
         worker_hijack_root_logger=False,

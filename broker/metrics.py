@@ -36,6 +36,11 @@ COALESCED_BATCH = Histogram(
 QUEUE_DEPTH = Gauge("ragline_queue_depth", "True waiting depth: all priority lists plus unacked", ["queue"])
 QUEUE_RATE = Gauge("ragline_queue_service_rate", "Completions per second (EWMA)", ["queue"])
 LIVE_WORKERS = Gauge("ragline_live_workers", "Workers with a fresh heartbeat", ["queue"])
+QUEUE_PREDICTED_WAIT = Gauge(
+    "ragline_queue_predicted_wait_seconds",
+    "Seconds a request arriving now is predicted to wait for this queue's answer, as admission sees it",
+    ["queue"],
+)
 
 SHARD_SEARCHES = Counter(
     "ragline_shard_searches_total",
@@ -65,6 +70,9 @@ CACHE_ENTRIES_SHED = Counter(
 )
 REJECTIONS = Counter("ragline_rejections_total", "Requests refused at the door", ["reason"])
 DEGRADED = Counter("ragline_degraded_total", "Answers degraded to retrieval-only", ["reason"])
+STREAM_STALLS = Counter(
+    "ragline_stream_stalls_total", "SSE streams ended because nothing new came for the stall limit"
+)
 GENERATED_TOKENS = Counter("ragline_generated_tokens_total", "Tokens generated")
 PREFIX_CACHE_HIT_RATE = Gauge("ragline_prefix_cache_hit_rate", "Engine prefix-cache hit rate")
 
@@ -75,4 +83,9 @@ ENGINE_KV_USAGE = Gauge("ragline_engine_kv_cache_usage", "Fraction of the KV cac
 WEBHOOK_DELIVERIES = Counter("ragline_webhook_deliveries_total", "Webhook delivery attempts", ["outcome"])
 WEBHOOK_DEAD_LETTERS = Counter(
     "ragline_webhook_dead_letters_total", "Webhooks given up after the last attempt"
+)
+UNREPLICATED_WRITES = Counter(
+    "ragline_unreplicated_writes_total",
+    "Durable writes (RAGLINE_REDIS_WAIT_REPLICAS) no replica confirmed in time: refused, retried or deferred",
+    ["write"],
 )

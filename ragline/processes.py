@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from broker.settings import ApiSettings, FlowerSettings, Settings
+from ragline.broker.config.settings import ApiSettings, FlowerSettings, Settings
+from ragline.placement import Placement
 
 log = logging.getLogger("ragline")
 
@@ -41,7 +42,7 @@ def api_command(settings: ApiSettings) -> list[str]:
         "-m",
         "uvicorn",
         "--factory",
-        "api.app:create_app",
+        "ragline.api.app:create_app",
         "--host",
         settings.api_host,
         "--port",
@@ -54,9 +55,12 @@ def api_command(settings: ApiSettings) -> list[str]:
     ]
 
 
-def worker_command(kind: str, settings: Settings, *, queues: list[str] | None = None) -> list[str]:
+def worker_command(
+    kind: str, settings: Settings, *, queues: list[str] | None = None, name: str = ""
+) -> list[str]:
     """The Celery worker of ``kind``, consuming ``queues`` (default: the one named ``kind``; a
-    retrieval worker's shard queues come from :func:`retrieval_queues`)."""
+    retrieval worker's shard queues come from :func:`retrieval_queues`); ``name`` starts its
+    Celery node name (default: ``kind``)."""
     # Retrieval batches run one at a time on the main thread (see workers/retrieval/app.py), and
     # so do ingests (one index version after another, workers/ingest/app.py);
     # generation needs a thread per request in flight so the engine can batch them; webhook
@@ -65,14 +69,14 @@ def worker_command(kind: str, settings: Settings, *, queues: list[str] | None = 
         "generation": ["-P", "threads", "-c", str(settings.generation.max_num_seqs)],
         "callbacks": ["-P", "threads", "-c", str(settings.webhooks.webhook_worker_threads)],
     }.get(kind, ["-P", "solo"])
-    app = "workers.callbacks:app" if kind == "callbacks" else f"workers.{kind}.app:app"
+    app = "ragline.workers.callbacks:app" if kind == "callbacks" else f"ragline.workers.{kind}.app:app"
     return [
         *(sys.executable, "-m", "celery", "-A", app, "worker", "-Q", ",".join(queues or [kind])),
         *pool,
         "--prefetch-multiplier=1",
         "--without-gossip",
         "--without-mingle",
-        *("-n", f"{kind}-{uuid.uuid4().hex[:6]}@%h", "-l", "INFO"),
+        *("-n", f"{name or kind}-{uuid.uuid4().hex[:6]}@%h", "-l", "INFO"),
     ]
 
 
@@ -81,9 +85,9 @@ def retrieval_queues(settings: Settings) -> list[str]:
     only serves shards, and its shards' queues (for ``all``, those registered now: the worker
     adds the queues of shards registered later itself, every RAGLINE_SHARD_WATCH_S).
     InvalidIndexName for a selection that names no valid shard."""
-    from broker import shards
-    from broker.keys import Keys
-    from broker.redis_pool import sync_client
+    from ragline.broker.redis.keys import Keys
+    from ragline.broker.redis.pool import sync_client
+    from ragline.broker.state import shards
 
     selection = shards.parse_selection(settings.retrieval.worker_shards)
     maps: list[shards.ShardMap] = []
@@ -104,7 +108,7 @@ def flower_command(settings: FlowerSettings) -> list[str]:
         "-m",
         "celery",
         "-A",
-        "broker.celery_app:app",
+        "ragline.broker.celery_app:app",
         "flower",
         f"--address={settings.flower_address}",
         f"--port={settings.flower_port}",
@@ -126,6 +130,9 @@ def child_env(settings: Settings, *, kind: str) -> dict[str, str]:
         env["RAGLINE_WEBHOOK_SECRET"] = settings.webhooks.webhook_secret
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # GPUs numbered as nvidia-smi numbers them (by PCI bus), not fastest first: the settings'
+    # cuda:N and CUDA_VISIBLE_DEVICES then name the GPUs the host defaults chose.
+    env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     if kind == "flower":
         # From the environment, not argv, so the password does not show in `ps`.
         env["FLOWER_BASIC_AUTH"] = settings.flower.basic_auth
@@ -134,15 +141,53 @@ def child_env(settings: Settings, *, kind: str) -> dict[str, str]:
     return env
 
 
-def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
-    import redis
+def generation_env(
+    settings: Settings, placement: Placement, *, position: int = 0, engines: int = 1
+) -> dict[str, str]:
+    """The environment of the engine at ``position`` of ``engines`` started on one host: pinned
+    to its GPUs; several on one host each serve their metrics on a port of their own (the
+    setting's port plus its position)."""
+    env = child_env(settings, kind="generation") | placement.environment()
+    port = settings.redis.worker_metrics_port
+    if port and engines > 1:
+        env["RAGLINE_WORKER_METRICS_PORT"] = str(port + position)
+    return env
+
+
+def run_engines(settings: Settings, placements: list[Placement]) -> int:
+    """One generation worker per placement, all on the generation queue, until one exits (the
+    others are stopped and its status returned, so that whatever restarts this process restarts
+    them all) or a signal stops them (KeyboardInterrupt, as :func:`interrupt_on_signals` raises it)."""
+    with Supervisor() as supervisor:
+        for position, placement in enumerate(placements):
+            supervisor.start(
+                placement.name,
+                worker_command("generation", settings, name=placement.name),
+                generation_env(settings, placement, position=position, engines=len(placements)),
+            )
+        log.warning(
+            "%d generation engines, on GPUs %s", len(placements), "; ".join(p.label for p in placements)
+        )
+        while (dead := supervisor.exited()) is None:
+            time.sleep(1)
+        log.error("%s exited with status %s: stopping the other engines", dead.name, dead.proc.returncode)
+        return dead.proc.returncode or 1
+
+
+def redis_answers(url: str, timeout_s: float = 1.0, *, sentinel_password: str = "") -> bool:
+    """Whether the Redis at ``url`` (a Sentinel set's primary, for a Sentinel URL) answers now."""
+    from ragline.broker.redis.pool import Endpoint, probe_client
 
     try:
-        return bool(
-            redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s).ping()
-        )
+        client = probe_client(Endpoint(url, timeout_s, timeout_s, sentinel_password))
     except Exception:
         return False
+    try:
+        return bool(client.ping())
+    except Exception:
+        return False
+    finally:
+        client.close()
 
 
 def free_port() -> int:
@@ -212,6 +257,7 @@ class Child:
     proc: subprocess.Popen[bytes]
     stop_signal: int = signal.SIGTERM
     last: bool = False  # stopped after the others (Redis: they still write to it while they drain)
+    survivable: bool = False  # its end is not the stack's (a Sentinel set's node: the set fails over)
 
 
 _live: weakref.WeakSet[Supervisor] = weakref.WeakSet()
@@ -246,6 +292,7 @@ class Supervisor:
         stdout: IO[bytes] | int | None = None,
         nice: int | None = None,
         cores: tuple[int, ...] | None = None,
+        survivable: bool = False,
     ) -> Child:
         """Start ``cmd``; ``stdout`` (a file or DEVNULL) takes stderr too; ``nice`` is an absolute
         nice value for the child, whatever this process's own."""
@@ -260,7 +307,7 @@ class Supervisor:
                 start_new_session=True,
                 preexec_fn=None if nice is None and cores is None else (lambda: _confine(nice, cores)),
             )
-            child = Child(name, proc, stop_signal, last)
+            child = Child(name, proc, stop_signal, last, survivable)
             self.children.append(child)
         for signum in received:
             signal.raise_signal(signum)  # now that the child is recorded, act on it
@@ -283,7 +330,8 @@ class Supervisor:
                 ([c for c in chosen if not c.last], self.grace_s),
                 ([c for c in chosen if c.last], self.last_grace_s),
             ):
-                _stop_together(group, grace_s, received)
+                if group:  # an empty one would wait its whole grace for nothing
+                    _stop_together(group, grace_s, received)
             self.children = [c for c in self.children if c not in chosen]
         return time.monotonic() - started
 
@@ -354,7 +402,7 @@ def _stop_all() -> None:
 
 def _confine(nice: int | None, cores: tuple[int, ...] | None) -> None:
     """In the child before exec: its priority and the cores it (and whatever it starts) may use;
-    its settings then size themselves from those cores (broker/host.py)."""
+    its settings then size themselves from those cores (broker/config/host.py)."""
     if nice is not None:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
     if cores is not None:

@@ -2,6 +2,9 @@
 
 One retrieval worker, one generation worker (one vLLM engine, eager, float32) and one API serve
 the whole session; tests that stop a worker start it again.
+
+Each test is marked with its tier (unit, redis, model, stack, vllm, slow) from the fixtures it
+uses: tests/tiers.py says how. ``pytest -m unit`` needs no Redis, no model and no subprocess stack.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from ragline.broker.config.settings import Settings
 
-from broker.settings import Settings
+from tests import tiers
 from tests.helpers import (
     AUTH_API_DEPTH_LIMIT,
     CAFE_DOC,
@@ -32,6 +36,23 @@ from tests.helpers import (
 
 TEST_REDIS_URL = os.environ.get("RAGLINE_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
 TEST_INDEX = "test"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for name in sorted(tiers.classify(item)):
+            item.add_marker(name)
+        # The unit tier must run where no Redis answers: its closure never holds redis_url.
+        if item.get_closest_marker(tiers.UNIT):
+            assert tiers.NEVER_IN_UNIT.isdisjoint(getattr(item, "fixturenames", ())), item.nodeid
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_stay_unit(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No Redis, no redis-server, no worker or API while a unit test runs (tests/tiers.py)."""
+    if request.node.get_closest_marker(tiers.UNIT) is not None:
+        tiers.keep_to_unit(monkeypatch, TEST_REDIS_URL)
 
 
 @pytest.fixture(scope="session")
@@ -106,7 +127,7 @@ def settings(redis_url: str, home: Path) -> Settings:
 
 @pytest.fixture(scope="session")
 def prepared_model(settings: Settings) -> Path:
-    from workers.generation.model_prep import prepare_default_model
+    from ragline.workers.generation.model_prep import prepare_default_model
 
     return prepare_default_model(settings)
 
@@ -122,14 +143,14 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def embedder(settings: Settings):
-    from workers.retrieval.embedder import Embedder
+    from ragline.workers.retrieval.embedder import Embedder
 
     return Embedder(settings.retrieval)
 
 
 @pytest.fixture(scope="session")
 def test_index(settings: Settings, corpus: Path, embedder: object) -> str:
-    from workers.retrieval.ingest import ingest
+    from ragline.workers.retrieval.ingest import ingest
 
     ingest(settings, [corpus], index_name=TEST_INDEX, embedder=embedder, progress=False)  # type: ignore[arg-type]
     return TEST_INDEX

@@ -24,10 +24,11 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import pytest
 import redis
-
-from broker import apikeys, indexes, jobs
-from broker.keys import Keys
-from broker.settings import Settings
+from ragline.broker.config.settings import Settings
+from ragline.broker.contract.requests import JobRequest
+from ragline.broker.redis.keys import Keys
+from ragline.broker.redis.pool import sync_client
+from ragline.broker.state import apikeys, indexes, jobs
 
 # -- the test corpus (the session's index "test" is ingested from it) --------------------------
 
@@ -106,7 +107,7 @@ def worker(kind: str, settings: Settings, log: Path) -> Proc:
 
 
 def wait_for_workers(settings: Settings, queues: tuple[str, ...], procs: list[Proc], timeout: float) -> None:
-    client = redis.Redis.from_url(settings.redis.redis_url)
+    client = sync_client(settings.redis)  # a Sentinel URL too
     keys = Keys(settings.redis.key_prefix)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -248,7 +249,11 @@ def own_prefix(settings: Settings, index: str) -> Iterator[Settings]:
     registered (at version ``v1``, no files: nothing is searched); its keys are deleted after."""
     s = settings.replace(key_prefix=f"t-{uuid.uuid4().hex[:8]}", default_index=index)
     client = redis.Redis.from_url(s.redis.redis_url)
-    indexes.register(client, Keys(s.redis.key_prefix), indexes.IndexInfo(index, "v1", "/nowhere", 1, 384))
+    indexes.register(
+        client,
+        Keys(s.redis.key_prefix),
+        indexes.IndexInfo(name=index, version="v1", path="/nowhere", chunks=1, dim=384),
+    )
     try:
         yield s
     finally:
@@ -334,12 +339,17 @@ def finished_job_record(webhook_url: str, *, owner: str = "carol") -> dict[str, 
     record = jobs.new_record(
         job_id=uuid.uuid4().hex,
         owner=owner,
-        request={"query": "q", "top_k": 1, "mode": "retrieval", "index": "i"},
-        webhook_url=webhook_url,
-        metadata={"a": 1},
+        request=JobRequest(
+            query="q", top_k=1, mode="retrieval", index="i", webhook_url=webhook_url, metadata={"a": 1}
+        ),
         now=time.time(),
     )
-    return {**record, "status": "done", "done_at": repr(time.time()), "result": json.dumps({"answer": None})}
+    return {
+        **record.encode(),
+        "status": "done",
+        "done_at": repr(time.time()),
+        "result": json.dumps({"answer": None}),
+    }
 
 
 @contextlib.contextmanager
@@ -386,18 +396,23 @@ def fill_to(client: redis.Redis, fraction: float) -> None:
         pass
 
 
-def batch_retriever(settings: Settings, embedder: Any, **overrides: object) -> Any:
-    """A retrieval worker's BatchRetriever on ``settings`` (with ``overrides``), in this process."""
-    from workers.retrieval.batch import BatchRetriever
-    from workers.retrieval.embedding_cache import EmbeddingCache
-    from workers.retrieval.index_store import IndexCache
+def batch_retriever(settings: Settings, embedder: Any, *, semantic: Any = None, **overrides: object) -> Any:
+    """A retrieval worker's BatchRetriever on ``settings`` (with ``overrides``), in this process;
+    ``semantic``: its semantic cache (none by default)."""
+    from ragline.workers.retrieval.batch import BatchRetriever
+    from ragline.workers.retrieval.embedding_cache import EmbeddingCache
+    from ragline.workers.retrieval.index_store import IndexCache
 
     s = settings.replace(**overrides)
     client = redis.Redis.from_url(s.redis.redis_url)
     keys = Keys(s.redis.key_prefix)
     cache = EmbeddingCache(client, keys, model_id=embedder.model_id, dim=embedder.dim, ttl_s=60)
     return BatchRetriever(
-        s.retrieval, embedder, cache, IndexCache(client, keys, ef_search=s.retrieval.hnsw_ef_search)
+        s.retrieval,
+        embedder,
+        cache,
+        IndexCache(client, keys, ef_search=s.retrieval.hnsw_ef_search),
+        semantic=semantic,
     )
 
 
@@ -405,9 +420,8 @@ def result_cache_key(settings: Settings, body: dict[str, Any], *, version: str =
     """The result cache's key for a query ``body``, as the pipeline makes it (an app in this
     process, on the same settings: the API's own normalisation and digest)."""
     from fastapi.testclient import TestClient
-
-    from api.app import create_app
-    from api.protocol import QueryRequest
+    from ragline.api.app import create_app
+    from ragline.api.query.protocol import QueryRequest
 
     with TestClient(create_app(settings)) as local:
         pipeline = local.app.state.pipeline  # type: ignore[attr-defined]

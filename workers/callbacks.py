@@ -1,59 +1,75 @@
-"""The callbacks worker: ``celery -A workers.callbacks:app worker -Q callbacks -P threads``.
+"""The callbacks worker: ``celery -A ragline.workers.callbacks:app worker -Q callbacks -P threads``.
 
 Delivers the webhooks of finished jobs: a signed POST of the job's final JSON per attempt, and
 a small poller thread that moves due attempts from the Redis schedule onto the ``callbacks``
-queue (retries wait in Redis, not as Celery ETA tasks; see ``broker/webhooks.py``). Light: no
+queue (retries wait in Redis, not as Celery ETA tasks; see ``broker/state/webhooks.py``). Light: no
 torch, no models.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
-from celery import Task
-from celery.signals import worker_init, worker_ready, worker_shutdown
-
-from broker import jobs, webhooks
-from broker.celery_app import create_celery
-from broker.contract import ContractError, WebhookDelivery
-from broker.keys import Keys
-from broker.metrics import WEBHOOK_DEAD_LETTERS, WEBHOOK_DELIVERIES
-from broker.queues import CALLBACKS_QUEUE, DELIVER_WEBHOOK_TASK
-from broker.redis_pool import sync_client
-from broker.secret_policy import DefaultSecret, refuse_defaults
-from broker.settings import get_settings
-from broker.ssrf import ResolverBusy, Target, WebhookRefused, check_url, configure_resolver
-from workers import heartbeat, metrics_server
+import redis
+from ragline.broker.config.secret_policy import DefaultSecret, refuse_defaults
+from ragline.broker.config.settings import get_settings
+from ragline.broker.contract.messages import ContractError, WebhookDelivery
+from ragline.broker.contract.queues import CALLBACKS_QUEUE, DELIVER_WEBHOOK_TASK
+from ragline.broker.contract.records import JobRecord, JobView
+from ragline.broker.limits.ssrf import ResolverBusy, Target, WebhookRefused, check_url, configure_resolver
+from ragline.broker.metrics import WEBHOOK_DEAD_LETTERS, WEBHOOK_DELIVERIES
+from ragline.broker.redis.durability import Replication
+from ragline.broker.redis.pool import sync_client
+from ragline.broker.state import webhooks
+from ragline.workers.bootstrap import bootstrap
+from ragline.workers.hooked_task import hooked_task
+from ragline.workers.task_call import TaskCall
 
 log = logging.getLogger(__name__)
 settings = get_settings()
-keys = Keys(settings.redis.key_prefix)
-app = create_celery(settings.redis)
 configure_resolver(
     threads=settings.webhooks.webhook_dns_threads,
     queued=settings.webhooks.webhook_dns_queue,
 )
-metrics_server.install(settings.redis)
-heartbeat.install(app, CALLBACKS_QUEUE, settings.redis, host_defaults=settings.host_defaults_line())
 
 _USER_AGENT = "ragline-webhooks/0.1"
 # A scheduled attempt taken by a poller that dies before enqueueing it is due again after this.
 _SCHEDULE_LEASE_S = 30.0
 
+T = TypeVar("T")
+
+
+def _within_lease(write: Callable[[], T], until: float) -> T:
+    """``write``, retried while Redis is away (a restart, a failover) until the attempt's lease
+    ends: an outcome left unrecorded makes a redelivered task post the same webhook again."""
+    pause = 0.1
+    while True:
+        try:
+            return write()
+        except (redis.ConnectionError, redis.TimeoutError):
+            if time.monotonic() + pause >= until:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
 
 def _store() -> webhooks.DeliveryStore:
     return webhooks.DeliveryStore(
-        sync_client(settings.redis), keys, settings.webhooks, job_ttl_s=settings.jobs.job_ttl_s
+        sync_client(settings.redis),
+        keys,
+        settings.webhooks,
+        job_ttl_s=settings.jobs.job_ttl_s,
+        replication=Replication.of(settings.redis),
     )
 
 
@@ -107,27 +123,28 @@ def attempt_delivery(record: dict[str, str], attempt: int) -> tuple[str, dict[st
     ``deferred``: it never reached the receiver (this host's slots or the resolver were full)."""
     last: dict[str, Any] = {"attempt": attempt, "at": _now_iso(), "status_code": None, "error": None}
     try:
-        body = json.dumps(jobs.view(record, delivery=False), separators=(",", ":")).encode()
+        job = JobRecord.decode(record)
     except ContractError as exc:
         # A record this worker cannot read (written by another release?): nothing is posted, and
         # the attempt counts, so it ends dead-lettered rather than retried forever.
         log.error("job %s: its record breaks the contract: %s", record.get("id"), exc)
         return "retry", {**last, "error": f"unreadable job record: {exc}", "duration_ms": 0.0}
-    host = (urlsplit(record["webhook_url"]).hostname or "").lower()
+    body = JobView.of(job, delivery=False).webhook_body()
+    host = (urlsplit(job.webhook_url or "").hostname or "").lower()
     if not host_slots.acquire(host):
         error = f"deferred: {host_slots.per_host} deliveries to {host!r} already in flight"
         return "deferred", {**last, "error": error, "duration_ms": 0.0}
     try:
-        return _post_once(record, body, last)
+        return _post_once(job, body, last)
     finally:
         host_slots.release(host)
 
 
-def _post_once(record: dict[str, str], body: bytes, last: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def _post_once(record: JobRecord, body: bytes, last: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     timestamp = str(int(time.time()))
-    delivery_id = record.get("delivery_id", "")
+    delivery_id = record.delivery_id or ""
     secret = webhooks.secret_for(
-        sync_client(settings.redis), keys, record.get("owner", ""), settings.webhooks.webhook_secret
+        sync_client(settings.redis), keys, record.owner, settings.webhooks.webhook_secret
     )
     headers = {
         "Content-Type": "application/json",
@@ -141,7 +158,7 @@ def _post_once(record: dict[str, str], body: bytes, last: dict[str, Any]) -> tup
     try:
         # Checked again at every attempt: the name may resolve elsewhere than at submit time.
         target = check_url(
-            record["webhook_url"],
+            record.webhook_url or "",
             allowlist=settings.webhooks.webhook_host_allowlist,
             timeout_s=settings.webhooks.webhook_dns_timeout_s,
         )
@@ -183,42 +200,6 @@ async def _post(url: str, body: bytes, headers: dict[str, str], extensions: dict
         return response.status_code
 
 
-@app.task(name=DELIVER_WEBHOOK_TASK, bind=True)
-def deliver_webhook(self: Task, **kwargs: Any) -> None:
-    """One delivery attempt (:class:`~broker.contract.WebhookDelivery`)."""
-    try:
-        delivery = WebhookDelivery.decode(kwargs)
-    except ContractError as exc:
-        # Acknowledged and dropped: a redelivery would fail the same way. The attempt was taken off
-        # the schedule when it was enqueued, so this log line is what tells of it.
-        log.error("rejected %s task %s: %s", DELIVER_WEBHOOK_TASK, self.request.id, exc)
-        return
-    job_id, attempt = delivery.job_id, delivery.attempt
-    store = _store()
-    # The lease outlasts one attempt (DNS + HTTP); past it a redelivered task may take over.
-    lease_s = settings.webhooks.webhook_dns_timeout_s + settings.webhooks.webhook_deadline_s + 5
-    record = store.claim(job_id, attempt, lease_s=lease_s)
-    if record is None:  # a duplicate, or the attempt already concluded
-        return
-    outcome, last = attempt_delivery(record, attempt)
-    if outcome == "deferred":  # not the receiver's doing: soon, and for free
-        wait_s = settings.webhooks.webhook_defer_s * random.uniform(0.5, 1.0)
-    else:
-        wait_s = webhooks.backoff_s(
-            attempt,
-            base_s=settings.webhooks.webhook_backoff_base_s,
-            max_s=settings.webhooks.webhook_backoff_max_s,
-        )
-    next_due = time.time() + wait_s
-    result = store.record(record, attempt, outcome=outcome, last=last, next_due=next_due)
-    WEBHOOK_DELIVERIES.labels(outcome=result).inc()
-    if result == "dead":
-        WEBHOOK_DEAD_LETTERS.inc()
-        log.warning("webhook for job %s dead-lettered after %d attempts: %s", job_id, attempt, last)
-    else:
-        log.info("webhook for job %s attempt %d: %s (%s)", job_id, attempt, result, last)
-
-
 class SchedulePoller:
     """Enqueues due delivery attempts; one per worker process (several workers share safely)."""
 
@@ -257,8 +238,7 @@ class SchedulePoller:
 _poller = SchedulePoller()
 
 
-@worker_init.connect(weak=False)
-def _refuse_default_secrets(**_: object) -> None:
+def _refuse_default_secrets() -> None:
     # At worker start, not at import (tests import this module to call its functions). Celery
     # logs and ignores an exception from a signal handler; SystemExit ends the worker.
     try:
@@ -268,11 +248,53 @@ def _refuse_default_secrets(**_: object) -> None:
         raise SystemExit(2) from None
 
 
-@worker_ready.connect(weak=False)
-def _start_poller(**_: object) -> None:
-    _poller.start()
+worker = bootstrap(
+    CALLBACKS_QUEUE,
+    settings,
+    init=[_refuse_default_secrets],
+    ready=[_poller.start],
+    shutdown=[_poller.stop],
+)
+app, keys = worker.app, worker.keys
 
 
-@worker_shutdown.connect(weak=False)
-def _stop_poller(**_: object) -> None:
-    _poller.stop()
+# A payload that breaks the contract is dropped with a log line (DecodePayload), and that line is
+# all that tells of it: the attempt was taken off the schedule when it was enqueued.
+@hooked_task(app, DELIVER_WEBHOOK_TASK, WebhookDelivery)
+def deliver_webhook(call: TaskCall[WebhookDelivery]) -> None:
+    """One delivery attempt (:class:`~ragline.broker.contract.messages.WebhookDelivery`)."""
+    delivery = call.payload
+    job_id, attempt = delivery.job_id, delivery.attempt
+    store = _store()
+    # The lease outlasts one attempt (DNS + HTTP); past it a redelivered task may take over.
+    lease_s = settings.webhooks.webhook_dns_timeout_s + settings.webhooks.webhook_deadline_s + 5
+    record = store.claim(job_id, attempt, lease_s=lease_s)
+    lease_ends = time.monotonic() + lease_s - 1
+    if record is None:  # a duplicate, or the attempt already concluded
+        return
+    if store.confirmed(job_id, "webhook_claim"):
+        outcome, last = attempt_delivery(record, attempt)
+    else:  # posted now, a failover could hand the same attempt to another worker: later, for free
+        error = "deferred: the attempt's claim is not on a Redis replica yet"
+        outcome, last = (
+            "deferred",
+            {"attempt": attempt, "at": _now_iso(), "status_code": None, "error": error},
+        )
+    if outcome == "deferred":  # not the receiver's doing: soon, and for free
+        wait_s = settings.webhooks.webhook_defer_s * random.uniform(0.5, 1.0)
+    else:
+        wait_s = webhooks.backoff_s(
+            attempt,
+            base_s=settings.webhooks.webhook_backoff_base_s,
+            max_s=settings.webhooks.webhook_backoff_max_s,
+        )
+    next_due = time.time() + wait_s
+    result = _within_lease(
+        lambda: store.record(record, attempt, outcome=outcome, last=last, next_due=next_due), lease_ends
+    )
+    WEBHOOK_DELIVERIES.labels(outcome=result).inc()
+    if result == "dead":
+        WEBHOOK_DEAD_LETTERS.inc()
+        log.warning("webhook for job %s dead-lettered after %d attempts: %s", job_id, attempt, last)
+    else:
+        log.info("webhook for job %s attempt %d: %s (%s)", job_id, attempt, result, last)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from functools import cache
 
-from broker.events import FinishedStreamTtl
-from broker.redis_pool import sync_client
-from broker.settings import get_settings
+from ragline.broker.config.settings import get_settings
+from ragline.broker.redis.pool import sync_client
+from ragline.broker.streams.events import FinishedStreamTtl
 
 
 @cache

@@ -6,70 +6,66 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Sequence
 
-from celery import Celery
-from celery.signals import worker_ready, worker_shutdown
-
-from broker import liveness
-from broker.keys import Keys
-from broker.redis_pool import sync_client
-from broker.settings import RedisSettings
+from ragline.broker.config.settings import RedisSettings
+from ragline.broker.redis.keys import Keys
+from ragline.broker.redis.pool import sync_client
+from ragline.broker.state import liveness
 
 log = logging.getLogger(__name__)
 
 
-def install(app: Celery, queue: str, settings: RedisSettings, *, host_defaults: str) -> Callable[[str], None]:
-    """Beat from worker_ready (the worker consumes) until worker_shutdown; log ``host_defaults``
-    (Settings.host_defaults_line) once then. The beat is for every queue the worker consumes
-    (``queue`` when it cannot tell): a retrieval worker may serve shard queues besides, or only.
-    Returns what to call once the worker consumes one more queue: it beats for it at once."""
-    worker_id = f"{socket.gethostname()}:{os.getpid()}"
-    keys = Keys(settings.key_prefix)
-    stop = threading.Event()
-    queues = [queue]
+class Heartbeat:
+    """Beats for every queue the worker consumes (``queue`` until it is told which): a retrieval
+    worker may serve shard queues besides, or only. Started once the worker consumes, stopped
+    when it shuts down (``workers/bootstrap.py``)."""
 
-    def run() -> None:
-        client = sync_client(settings)
-        while not stop.is_set():
-            try:
-                for q in tuple(queues):  # another thread may add one
-                    liveness.beat(client, keys, q, worker_id)
-            except Exception:
-                log.warning("heartbeat to Redis failed", exc_info=True)
-            stop.wait(settings.worker_heartbeat_s)
-        try:
-            for q in tuple(queues):
-                liveness.leave(client, keys, q, worker_id)
-        except Exception:
-            log.warning("could not remove heartbeat", exc_info=True)
+    def __init__(self, queue: str, settings: RedisSettings, *, tag: str = "") -> None:
+        """``tag`` ends the worker's id (``host:pid:gpu2``): which of a host's engines it is."""
+        self._settings = settings
+        self._keys = Keys(settings.key_prefix)
+        self._worker_id = f"{socket.gethostname()}:{os.getpid()}" + (f":{tag}" if tag else "")
+        self._stop = threading.Event()
+        self._queues = [queue]
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{queue}", daemon=True)
 
-    thread = threading.Thread(target=run, name=f"heartbeat-{queue}", daemon=True)
+    @property
+    def queues(self) -> tuple[str, ...]:
+        return tuple(self._queues)
 
-    @worker_ready.connect(weak=False)
-    def _start(sender: Any = None, **_: object) -> None:
-        consumed = [q.name for q in getattr(getattr(sender, "task_consumer", None), "queues", None) or ()]
+    def start(self, consumed: Sequence[str] = ()) -> None:
         if consumed:
-            queues[:] = consumed
-        # Logged here, not at worker_init: only by now has Celery set up the worker's logging.
-        log.info("%s worker: %s", ",".join(queues), host_defaults)
-        thread.start()
+            self._queues[:] = consumed
+        self._thread.start()
 
-    @worker_shutdown.connect(weak=False)
-    def _stop(**_: object) -> None:
-        stop.set()
-        if thread.is_alive():
-            thread.join(2)
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(2)
 
-    def add(queue: str) -> None:
-        if queue in queues:
+    def add(self, queue: str) -> None:
+        """The worker consumes one more queue: beat for it from now on, the first time at once
+        (coordinators leave out a shard whose queue has no heartbeat)."""
+        if queue in self._queues:
             return
-        queues.append(queue)
-        # Now, not at the next beat: coordinators leave out a shard whose queue has no heartbeat.
+        self._queues.append(queue)
         try:
-            liveness.beat(sync_client(settings), keys, queue, worker_id)
+            liveness.beat(sync_client(self._settings), self._keys, queue, self._worker_id)
         except Exception:
             log.warning("heartbeat to Redis failed", exc_info=True)
 
-    return add
+    def _run(self) -> None:
+        client = sync_client(self._settings)
+        while not self._stop.is_set():
+            try:
+                for q in self.queues:  # another thread may add one
+                    liveness.beat(client, self._keys, q, self._worker_id)
+            except Exception:
+                log.warning("heartbeat to Redis failed", exc_info=True)
+            self._stop.wait(self._settings.worker_heartbeat_s)
+        try:
+            for q in self.queues:
+                liveness.leave(client, self._keys, q, self._worker_id)
+        except Exception:
+            log.warning("could not remove heartbeat", exc_info=True)

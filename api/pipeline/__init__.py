@@ -4,7 +4,7 @@
 
 ``POST /v1/query`` renders the events as one JSON answer, ``POST /v1/query/stream`` as server-sent
 events, ``POST /v1/jobs`` as a job record (the tasks write it, so a job stops after enqueueing);
-see :mod:`api.render`. Each step is a method that reads and fills the :class:`QueryContext`:
+see :mod:`ragline.api.query.render`. Each step is a method that reads and fills the :class:`QueryContext`:
 
 - **validate**: the body against the endpoint's model, then the bounds (query size, ``top_k``,
   index name, search effort), and the deadline: ``X-Request-Deadline-Ms`` or the default, clamped
@@ -19,11 +19,12 @@ see :mod:`api.render`. Each step is a method that reads and fills the :class:`Qu
   a hit touches no queue and is served whatever the load. A degraded request looks its
   retrieval answer up in turn.
 - **hold**: a request that will wait for events takes one of its key's leases (one of its
-  streams for SSE, resumes included, else one of its requests; :mod:`broker.leases`), 429
+  streams for SSE, resumes included, else one of its requests; :mod:`ragline.broker.limits.leases`), 429
   ``key_cap`` past the key's cap; it is let go when the events end or the response does. A
   cache hit holds nothing; a job is capped where its record is created instead.
 - **enqueue or coalesce**: a follower of a single flight enqueues nothing; everything else goes
-  to the coalescer (:mod:`api.coalescer`), which sends concurrent queries as one retrieval task.
+  to the coalescer (:mod:`ragline.api.pipeline.coalescer`), which sends concurrent queries as one
+  retrieval task.
 - **relay events**: the request's event stream (a follower's: its leader's), each ``done``
   completed with what only the API knows (its total time, admission's predicted wait, why it was
   degraded); the answer is stored in the result cache when it was computed on the version its
@@ -32,16 +33,16 @@ see :mod:`api.render`. Each step is a method that reads and fills the :class:`Qu
 An endpoint whose body has a shape of its own (the OpenAI-compatible chat endpoint) builds the
 query request from it and enters at :meth:`Pipeline.context`, the validate step past the body.
 
-Errors are raised as they are found; :mod:`api.errors` is the one place that turns them into
+Errors are raised as they are found; :mod:`ragline.api.errors` is the one place that turns them into
 responses. The pipeline knows no HTTP framework: its inputs are bytes and header values, so the
-fast path (:mod:`api.fast_path`) and the framework's routes call the same steps.
+fast path (:mod:`ragline.api.pipeline.fast_path`) and the framework's routes call the same steps.
 
 Modules: :mod:`.context` (the context and the validated query), :mod:`.validate` (the validate
 step's checks and the deadline), :mod:`.steps` (the steps), :mod:`.connect` (the real parts the
 steps are given: the result cache, the task publisher, the event reader on Redis).
 """
 
-from api.pipeline.context import CacheSlot, Query, QueryContext, R
-from api.pipeline.steps import Pipeline, error_of, splice
+from ragline.api.pipeline.context import CacheSlot, Query, QueryContext, R
+from ragline.api.pipeline.steps import Pipeline, error_of, splice
 
 __all__ = ["CacheSlot", "Pipeline", "Query", "QueryContext", "R", "error_of", "splice"]

@@ -11,19 +11,21 @@ from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
 from celery import Celery
-
-from api.admission import Admission
-from api.pipeline import Pipeline
-from broker import indexes, liveness
-from broker.cancel import arequest_cancel
-from broker.contract import RetrieveRequest, RetrieveTask
-from broker.events import Event, read_events
-from broker.keys import Keys
-from broker.leases import Leases
-from broker.queues import RETRIEVAL_QUEUE, RETRIEVE_TASK
-from broker.result_cache import ResultCache
-from broker.settings import Settings
-from broker.task_push import QueuePusher, task_message
+from ragline.api.pipeline import Pipeline
+from ragline.api.pipeline.admission import Admission
+from ragline.broker.config.settings import Settings
+from ragline.broker.contract.messages import RetrieveRequest, RetrieveTask
+from ragline.broker.contract.queues import RETRIEVAL_QUEUE, RETRIEVE_TASK
+from ragline.broker.limits.leases import Leases
+from ragline.broker.redis.keys import Keys
+from ragline.broker.redis.replies import text
+from ragline.broker.redis.task_push import QueuePusher, task_message
+from ragline.broker.state import indexes, liveness
+from ragline.broker.state.result_cache import ResultCache
+from ragline.broker.state.semantic_cache import SemanticCommits
+from ragline.broker.streams.cancel import arequest_cancel
+from ragline.broker.streams.events import Event, read_events
+from ragline.broker.tracing import propagation
 
 _ENQUEUE_TIMEOUT_S = 5.0
 _LEASE_TIMEOUT_S = 2.0
@@ -80,11 +82,27 @@ class StreamOwners:
 
     async def owner_of(self, request_id: str) -> str | None:
         owner = await self._redis.get(self._keys.stream_owner(request_id))
-        return owner.decode() if owner is not None else None
+        return text(owner) if owner is not None else None
 
 
-class Connected:
-    """A pipeline and what it holds open."""
+def _semantic_commits(settings: Settings, redis: aioredis.Redis, keys: Keys) -> SemanticCommits | None:
+    """The semantic cache's writes, when it is on (its entries live as long as the answers)."""
+    retrieval = settings.retrieval
+    if not retrieval.semantic_cache:
+        return None
+    return SemanticCommits(
+        redis,
+        keys,
+        ttl_s=settings.api.result_cache_ttl_s,
+        scope_max_entries=retrieval.semantic_cache_scope_max_entries,
+        max_entries=retrieval.semantic_cache_max_entries,
+        max_memory_fraction=retrieval.cache_write_max_memory_fraction,
+    )
+
+
+class PipelineResources:
+    """The pipeline on real Redis and Celery, and what it holds open (the task pusher's
+    connections): built when the API starts, closed when it stops."""
 
     def __init__(
         self, settings: Settings, redis: aioredis.Redis, celery: Celery, admission: Admission
@@ -92,7 +110,11 @@ class Connected:
         keys = Keys(settings.redis.key_prefix)
         api = settings.api
         self._celery = celery
-        self._pusher = QueuePusher(settings.redis.redis_url, timeout_s=_ENQUEUE_TIMEOUT_S)
+        self._pusher = QueuePusher(
+            settings.redis.redis_url,
+            timeout_s=_ENQUEUE_TIMEOUT_S,
+            sentinel_password=settings.redis.redis_sentinel_password,
+        )
 
         def publish(items: list[RetrieveRequest]) -> asyncio.Future[None]:
             message = task_message(
@@ -101,6 +123,7 @@ class Connected:
                 RetrieveTask(requests=items).encode(),
                 queue=RETRIEVAL_QUEUE,
                 kwargsrepr=f"{{'requests': <{len(items)} queries>}}",
+                headers=propagation.batch_headers(item.request_id for item in items),
             )
             return self._pusher.push(RETRIEVAL_QUEUE, message)
 
@@ -138,6 +161,7 @@ class Connected:
                 redis, keys, ttl_s=api.request_timeout_s + _LEASE_MARGIN_S, timeout_s=_LEASE_TIMEOUT_S
             ),
             retrieval_workers=RetrievalWorkers(redis, keys, settings.redis.worker_heartbeat_ttl_s),
+            semantic=_semantic_commits(settings, redis, keys),
         )
 
     async def send(self, queue: str, task: str, kwargs: dict[str, object], *, kwargsrepr: str) -> None:

@@ -6,10 +6,10 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Generic, Literal, TypeVar
 
-from api.admission import ADMIT, Decision
-from api.protocol import QueryRequest
-from broker.contract import ChatTurn, Degradation, MetadataFilter, RetrievalMode, Sampling
-from broker.leases import Lease
+from ragline.api.pipeline.admission import ADMIT, Decision
+from ragline.api.query.protocol import QueryRequest
+from ragline.broker.contract.messages import ChatTurn, Degradation, MetadataFilter, RetrievalMode, Sampling
+from ragline.broker.limits.leases import Lease
 
 R = TypeVar("R", bound=QueryRequest)
 Mode = Literal["rag", "retrieval"]
@@ -19,7 +19,8 @@ Mode = Literal["rag", "retrieval"]
 class Query:
     """A request's query once validated: what its tasks are given and its cache key is made of.
 
-    Its fields are :class:`~broker.contract.RetrieveRequest`'s own, passed on whole, and every
+    Its fields are :class:`~ragline.broker.contract.messages.RetrieveRequest`'s own, passed on
+    whole, and every
     one but the query's text and index (both already in the key) goes into the cache key's
     digest: a field added here reaches the worker and the key with nothing more to write."""
 

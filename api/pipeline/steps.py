@@ -1,4 +1,4 @@
-"""The pipeline's steps, in order, and what each is given (see :mod:`api.pipeline`)."""
+"""The pipeline's steps, in order, and what each is given (see :mod:`ragline.api.pipeline`)."""
 
 from __future__ import annotations
 
@@ -7,24 +7,26 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, replace
 from typing import Any, Protocol
 
-from api.admission import Action, Admission, Decision
-from api.coalescer import Coalescer
-from api.errors import ApiError, unavailable
-from api.pipeline.context import KEYED, CacheSlot, Query, QueryContext, R
-from api.pipeline.validate import deadline_s, parse_body, query_of
-from api.protocol import QueryRequest, QueryResponse
-from broker import metrics
-from broker.contract import Done, Error, RetrieveRequest, Sources, filter_key
-from broker.events import Event, EventTimeout
-from broker.keys import Keys
-from broker.leases import REQUESTS, STREAMS, Lease
-from broker.normalize import query_digest
-from broker.result_cache import Lookup, Outcome
-from broker.settings import ApiSettings, GenerationSettings, RetrievalSettings
+from ragline.api.errors import ApiError, unavailable
+from ragline.api.pipeline.admission import Action, Admission, Decision
+from ragline.api.pipeline.coalescer import Coalescer
+from ragline.api.pipeline.context import KEYED, CacheSlot, Query, QueryContext, R
+from ragline.api.pipeline.validate import JSON_TYPE, deadline_s, parse_body, query_of
+from ragline.api.query.protocol import QueryRequest, QueryResponse
+from ragline.broker import metrics
+from ragline.broker.config.settings import ApiSettings, GenerationSettings, RetrievalSettings
+from ragline.broker.contract.messages import Done, Error, RetrieveRequest, Sources, filter_key
+from ragline.broker.limits.leases import REQUESTS, STREAMS, Lease
+from ragline.broker.redis.keys import Keys
+from ragline.broker.state.normalize import query_digest
+from ragline.broker.state.result_cache import Lookup, Outcome
+from ragline.broker.state.semantic_cache import scope_of
+from ragline.broker.streams.events import Event, EventTimeout
+from ragline.broker.tracing import propagation, traced
 
 # Every background write (a cache store, a released claim, a cancel flag) is bounded by this.
 _BACKGROUND_TIMEOUT_S = 5.0
@@ -39,11 +41,17 @@ def _keyed(q: Query) -> tuple[object, ...]:
 
 
 class ResultCache(Protocol):
-    """What the pipeline needs of :class:`broker.result_cache.ResultCache`."""
+    """What the pipeline needs of :class:`ragline.broker.state.result_cache.ResultCache`."""
 
     async def lookup(self, index: str, digest: str, *, request_id: str = "") -> Lookup: ...
-    async def store(self, key: str, body: bytes, *, leader: str = "") -> None: ...
+    async def store(self, key: str, body: bytes, *, leader: str = "") -> bool: ...
     async def release(self, key: str, leader: str) -> None: ...
+
+
+class SemanticCommits(Protocol):
+    """What the pipeline needs of :class:`ragline.broker.state.semantic_cache.SemanticCommits`."""
+
+    async def commit(self, request_id: str, scope: str, answer_key: str) -> bool: ...
 
 
 # A batch of queries onto the retrieval queue (done when it is written).
@@ -57,7 +65,7 @@ Cancel = Callable[[str], Awaitable[None]]
 
 
 class KeyLeases(Protocol):
-    """What the pipeline needs of :class:`broker.leases.Leases`."""
+    """What the pipeline needs of :class:`ragline.broker.limits.leases.Leases`."""
 
     async def acquire(self, kind: str, principal: str, cap: int) -> Lease: ...
     async def release(self, lease: Lease) -> None: ...
@@ -91,6 +99,7 @@ class Pipeline:
         owners: StreamOwners,
         leases: KeyLeases,
         retrieval_workers: Callable[[], int] = lambda: 1,
+        semantic: SemanticCommits | None = None,
     ) -> None:
         self._settings = settings
         self._retrieval = retrieval
@@ -105,6 +114,8 @@ class Pipeline:
         self._owners = owners
         self._leases = leases
         self._keys = keys
+        # The semantic cache (RAGLINE_SEMANTIC_CACHE): None when off.
+        self._semantic = semantic
         self._background: set[asyncio.Task[object]] = set()
         self.coalescer: Coalescer[RetrieveRequest] = Coalescer(
             publish,
@@ -112,6 +123,10 @@ class Pipeline:
             max_batch=settings.coalesce_max_batch,
             max_in_flight=retrieval_workers,
         )
+
+    @property
+    def settings(self) -> ApiSettings:
+        return self._settings
 
     # -- the steps, in order ------------------------------------------------------------------
 
@@ -121,13 +136,15 @@ class Pipeline:
         *,
         request_id: str,
         model: type[R],
-        content_type: str | None = None,
+        content_type: str | None = JSON_TYPE,
         deadline_ms: str | None = None,
         single_flight: bool = False,
         principal: str = "anonymous",
         streamed: bool = False,
     ) -> QueryContext[R]:
-        """The request as the pipeline's context, or a 4xx naming what is wrong (no I/O)."""
+        """The request as the pipeline's context, or a 4xx naming what is wrong (no I/O).
+        ``content_type`` is the request's header (None: it sent none, refused with 415); a caller
+        in this process, whose body is JSON, leaves the default."""
         request = parse_body(body, model, content_type)
         return self.context(
             request,
@@ -160,6 +177,7 @@ class Pipeline:
             streamed=streamed,
         )
 
+    @traced("ragline.result_cache", lambda self, ctx, **_: _cache_attributes(ctx))
     async def result_cache(self, ctx: QueryContext[Any]) -> None:
         """Look the answer up (404 for an unknown index); a hit lands in ``ctx.cached``."""
         q = ctx.asked
@@ -180,6 +198,7 @@ class Pipeline:
             key = found.key(self._keys, q.index, digest)
             ctx.slot, ctx.source_id = CacheSlot(key, found.version, found.outcome is Outcome.LEAD), ""
 
+    @traced("ragline.index", lambda self, ctx, **_: {"ragline.index_version": ctx.index_version})
     async def index(self, ctx: QueryContext[Any]) -> None:
         """For requests that skip the result cache (jobs): the index's version, or 404."""
         version = await self._index_version(ctx.asked.index)
@@ -187,6 +206,7 @@ class Pipeline:
             raise _unknown_index(ctx.asked.index)
         ctx.index_version = version
 
+    @traced("ragline.admission", lambda self, ctx, **_: _admission_attributes(ctx))
     async def admission(self, ctx: QueryContext[Any], *, use_cache: bool = True) -> None:
         """Apply the decision taken before the cache step: 503, or retrieval-only (looked up in
         turn), or nothing to do."""
@@ -199,9 +219,10 @@ class Pipeline:
         if use_cache:
             await self.result_cache(ctx)
 
+    @traced("ragline.hold")
     async def hold(self, ctx: QueryContext[Any]) -> None:
         """Take one of the caller's streams (an SSE request) or requests for as long as the
-        request lasts; 429 past its key's cap (:class:`~broker.leases.CapReached`), and a
+        request lasts; 429 past its key's cap (:class:`~ragline.broker.limits.leases.CapReached`), and a
         single-flight claim this request made is let go. A cache hit never gets here: it holds
         nothing."""
         s = self._settings
@@ -222,6 +243,7 @@ class Pipeline:
             # A release that fails leaves the lease to expire on its own.
             self._soon(self._leases.release(lease), "lease release")
 
+    @traced("ragline.enqueue", lambda self, ctx, **_: {"ragline.source_id": ctx.source_id})
     async def enqueue(self, ctx: QueryContext[Any]) -> None:
         """Send the request to retrieval, coalesced with the queries in flight; a follower of a
         single flight sends nothing, it reads its leader's events."""
@@ -237,7 +259,9 @@ class Pipeline:
             job_id=ctx.job_id,
             # The worker copies these into the stream's `done`, so an SSE resume sees them too.
             degraded=ctx.degradation,
+            semantic_scope=self._semantic_scope(ctx),
         )
+        propagation.remember(ctx.request_id)  # its trace goes on in the batch's task
         try:
             await self.coalescer.submit(item)
         except Exception as exc:
@@ -249,7 +273,7 @@ class Pipeline:
             self.coalescer.settle(ctx.request_id)
             self._admission.retrieved(ctx.request_id)
 
-    async def relay(self, ctx: QueryContext[Any], *, after: str = "0-0") -> AsyncIterator[Event]:
+    async def relay(self, ctx: QueryContext[Any], *, after: str = "0-0") -> AsyncGenerator[Event, None]:
         """The events that answer the request, each ``done`` completed (see :meth:`_completed`).
 
         Consume it to its end or close it (``contextlib.aclosing``): closing releases what the
@@ -383,7 +407,8 @@ class Pipeline:
         slot = ctx.slot
         if slot is None:
             return
-        if done is None or sources is None or sources.index_version != slot.version:
+        # A semantic hit is another question's answer: never stored as this question's own.
+        if done is None or sources is None or sources.index_version != slot.version or done.cached:
             self._release(ctx)
             return
         # Stored as a plain answer of its mode: a degraded request was a retrieval request.
@@ -391,15 +416,33 @@ class Pipeline:
         stored = QueryResponse.from_done(plain, request_id="", sources=sources.sources)
         body = stored.model_dump_json(exclude={"request_id"}).encode()
         leader = ctx.request_id if slot.leading else ""
-        self._soon(self._cache.store(slot.key, body, leader=leader), "cache write")
+        # Only a plain answer may answer other questions: never a degraded or partial one.
+        scope = None if done.degraded or done.partial else self._semantic_scope(ctx)
+        self._soon(self._store(ctx.request_id, slot.key, body, leader, scope), "cache write")
         ctx.slot = None
+
+    async def _store(self, request_id: str, key: str, body: bytes, leader: str, scope: str | None) -> None:
+        """Store the answer, then remember its question in the semantic cache (its entry points
+        at the answer, so only once the answer is stored)."""
+        stored = await self._cache.store(key, body, leader=leader)
+        if stored and scope is not None and self._semantic is not None:
+            await self._semantic.commit(request_id, scope, key)
+
+    def _semantic_scope(self, ctx: QueryContext[Any]) -> str | None:
+        """The semantic cache's scope of the request (None: it is off, or the request is a job,
+        which skips the caches): everything its answer depends on but its question's text."""
+        if self._semantic is None or ctx.job_id is not None:
+            return None
+        q = ctx.asked
+        tenant = "" if self._retrieval.semantic_cache_across_keys else ctx.principal
+        return scope_of(tenant, q.index, ctx.index_version, (*_keyed(q), self._model_id))
 
     def _release(self, ctx: QueryContext[Any]) -> None:
         slot, ctx.slot = ctx.slot, None
         if slot is not None and slot.leading:
             self._soon(self._cache.release(slot.key, ctx.request_id), "single-flight release")
 
-    def _soon(self, work: Coroutine[Any, Any, object], what: str) -> None:
+    def _soon(self, work: Awaitable[object], what: str) -> None:
         """Run ``work`` in the background, bounded; a failure is logged, not raised."""
 
         async def bounded() -> None:
@@ -427,3 +470,20 @@ def error_of(event: Error) -> ApiError:
 def splice(request_id: str, body: bytes) -> bytes:
     """A cached body (stored without its request id) as this request's JSON response."""
     return b'{"request_id":"' + request_id.encode() + b'",' + body[1:]
+
+
+def _cache_attributes(ctx: QueryContext[Any]) -> dict[str, str]:
+    """What the result cache step found, on its span."""
+    outcome = "hit" if ctx.cached is not None else "follow" if ctx.source_id else "miss"
+    return {"ragline.cache": outcome, "ragline.index_version": ctx.index_version}
+
+
+def _admission_attributes(ctx: QueryContext[Any]) -> dict[str, str | float]:
+    """Admission's decision, on its span."""
+    d = ctx.decision
+    described: dict[str, str | float] = {"ragline.admission": d.action.value, "ragline.mode": ctx.asked.mode}
+    if d.reason:
+        described["ragline.admission.reason"] = d.reason
+    if d.wait_s is not None and math.isfinite(d.wait_s):
+        described["ragline.predicted_wait_s"] = d.wait_s
+    return described

@@ -3,35 +3,50 @@ bounds, the deadline; each refusal a 4xx naming what is wrong."""
 
 from __future__ import annotations
 
-from pydantic import ValidationError
+from typing import TypeVar
 
-from api.errors import ApiError, invalid
-from api.pipeline.context import Query, R
-from api.protocol import QueryRequest
-from broker import indexes
-from broker.contract import Sampling
-from broker.settings import ApiSettings, GenerationSettings, RetrievalSettings
+from pydantic import BaseModel, ValidationError
+from ragline.api.errors import ApiError, invalid
+from ragline.api.pipeline.context import Query
+from ragline.api.query.protocol import QueryRequest
+from ragline.broker.config.settings import ApiSettings, GenerationSettings, RetrievalSettings
+from ragline.broker.contract.messages import Sampling
+from ragline.broker.state import indexes, shards
+
+# Any request body: a query endpoint's, or one of its own shape (the chat endpoint's).
+M = TypeVar("M", bound=BaseModel)
 
 # A stop sequence longer than this cannot be meant: the answer itself is a few hundred tokens.
 MAX_STOP_CHARS = 256
 
 
+JSON_TYPE = "application/json"
+
+
 def json_content(content_type: str | None) -> bool:
-    """Whether a body of this type is read as JSON: none given, ``*/json`` or ``*/*+json``."""
+    """Whether a body of this type is read as JSON: ``*/json`` or ``*/*+json``. A body without a
+    type is not: a page elsewhere may send one (as ``text/plain``, say) with no preflight, and a
+    body read as JSON whatever its type would let it post a job."""
     if content_type is None:
-        return True
+        return False
     subtype = content_type.split(";", 1)[0].strip().lower().partition("/")[2]
     return subtype == "json" or subtype.endswith("+json")
 
 
-def parse_body(body: bytes, model: type[R], content_type: str | None) -> R:
-    """The body as ``model``: 400 when it is not JSON, 422 naming each field that is wrong."""
+def parse_body(body: bytes, model: type[M], content_type: str | None) -> M:
+    """The body as ``model``: 415 unless it says it is JSON, 400 when it is not, 422 naming each
+    field that is wrong."""
     if not json_content(content_type):
-        raise _invalid("the body must be JSON (Content-Type: application/json)")
+        got = "none" if content_type is None else repr(content_type[:100])
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"the body must be JSON, sent with Content-Type: application/json (got {got})",
+        )
     try:
         return model.model_validate_json(body)
     except ValidationError as exc:
-        raise invalid(list(exc.errors())) from None  # type: ignore[arg-type]
+        raise invalid(list(exc.errors())) from None
 
 
 def _invalid(message: str, param: str | None = None) -> ApiError:
@@ -60,6 +75,12 @@ def query_of(
     index = req.index or retrieval.default_index
     if not indexes.valid_index_name(index):
         raise _invalid(f"index must be {indexes.INDEX_NAME_RULE}", "index")
+    if (shard := shards.split_shard(index)) is not None:
+        # A shard answers for part of its index only (and a worker that takes batches may hold
+        # no shard at all): searched on its own, it would be loaded where it was never meant to be.
+        parent = shard[0]
+        message = f"{index!r} is a shard of index {parent!r}, not an index: query {parent!r}"
+        raise ApiError(404, "unknown_index", message)
     return Query(
         query=text,
         top_k=top_k,

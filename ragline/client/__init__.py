@@ -29,18 +29,16 @@ Documents: :meth:`Client.upload` (files, or ``{id, text, metadata}`` documents),
 start a job on the server and wait for it (``wait=False``: return at once); a job that fails
 raises :class:`JobFailed`.
 
-Only HTTP: the results are the API's own response models (pydantic, without FastAPI). The
-blocking client is in ``sync.py``, the asyncio one in ``aio.py``, what they share in ``base.py``.
+Only HTTP, on httpx and pydantic (``pip install "ragline[client]"``): the results are typed
+models mirroring the API's own, field for field (``protocol.py``); nothing of the server is
+imported. The blocking client is in ``sync.py``, the asyncio one in ``aio.py``, what they share
+in ``base.py``.
 """
 
 from __future__ import annotations
 
-from api.documents_protocol import DocumentList, DocumentSummary
-from api.indexes_protocol import IndexDetail, IndexList, IndexSummary
-from api.jobs_protocol import JobAccepted, JobView
-from api.protocol import QueryResponse, Source, Timings, Usage
 from ragline.client.aio import AsyncClient
-from ragline.client.base import DocumentIn, FileIn
+from ragline.client.base import DocumentIn, FileIn, JobOptions, QueryOptions
 from ragline.client.errors import (
     APIError,
     BadRequest,
@@ -63,11 +61,31 @@ from ragline.client.events import (
     CancelledEvent,
     DoneEvent,
     ErrorEvent,
+    RestartEvent,
     SourcesEvent,
     SSEParser,
     StreamEvent,
     TokenEvent,
     decode_event,
+)
+from ragline.client.protocol import (
+    Citation,
+    DocumentList,
+    DocumentSummary,
+    FailedDocument,
+    IndexDetail,
+    IndexList,
+    IndexSummary,
+    IngestProgress,
+    IngestResult,
+    JobAccepted,
+    JobResult,
+    JobView,
+    QueryResponse,
+    SemanticMatch,
+    Source,
+    Timings,
+    Usage,
 )
 from ragline.client.sync import Client
 
@@ -76,6 +94,7 @@ __all__ = [
     "AsyncClient",
     "BadRequest",
     "CancelledEvent",
+    "Citation",
     "Client",
     "Conflict",
     "DocumentIn",
@@ -83,22 +102,30 @@ __all__ = [
     "DocumentSummary",
     "DoneEvent",
     "ErrorEvent",
+    "FailedDocument",
     "FileIn",
     "Forbidden",
     "IndexDetail",
     "IndexList",
     "IndexSummary",
+    "IngestProgress",
+    "IngestResult",
     "InvalidRequest",
     "JobAccepted",
     "JobFailed",
+    "JobOptions",
+    "JobResult",
     "JobTimeout",
     "JobView",
     "NotFound",
     "PayloadTooLarge",
+    "QueryOptions",
     "QueryResponse",
     "RaglineError",
     "RateLimited",
+    "RestartEvent",
     "SSEParser",
+    "SemanticMatch",
     "Source",
     "SourcesEvent",
     "StreamEvent",

@@ -9,10 +9,6 @@ from typing import Unpack
 
 import httpx
 
-from api.documents_protocol import DocumentList
-from api.indexes_protocol import IndexDetail, IndexList
-from api.jobs_protocol import JobAccepted, JobView
-from api.protocol import QueryRequest, QueryResponse
 from ragline.client.base import (
     FINAL_JOB_STATUSES,
     DocumentIn,
@@ -31,6 +27,15 @@ from ragline.client.base import (
 )
 from ragline.client.errors import JobFailed, JobTimeout, api_error
 from ragline.client.events import StreamEvent
+from ragline.client.protocol import (
+    DocumentList,
+    IndexDetail,
+    IndexList,
+    JobAccepted,
+    JobView,
+    QueryRequest,
+    QueryResponse,
+)
 
 # -- the async client ---------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, NotRequired, TypedDict, TypeVar
@@ -14,10 +14,9 @@ from urllib.parse import quote, urlencode
 import httpx
 from pydantic import BaseModel
 
-from api.jobs_protocol import JobRequest
-from api.protocol import QueryRequest
 from ragline.client.errors import APIError, StreamInterrupted
 from ragline.client.events import DoneEvent, ErrorEvent, SSEParser, StreamEvent, decode_event
+from ragline.client.protocol import ChatTurn, JobRequest, MetadataFilter, QueryRequest
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 FINAL_JOB_STATUSES = frozenset({"done", "failed", "cancelled"})
@@ -100,6 +99,13 @@ class QueryOptions(TypedDict, total=False):
     allow_early_exit: bool  # let the best source answer when it clears RAGLINE_EARLY_EXIT_SCORE
     ef_search: int  # HNSW search effort
     nprobe: int  # IVF lists probed
+    retrieval: Literal["dense", "lexical", "hybrid"]  # the server's RAGLINE_RETRIEVAL_MODE when not given
+    filter: MetadataFilter  # metadata every source must match: key -> value, [values] or {"prefix": …}
+    diversity: bool  # cap the chunks of one section and one file in the sources (on by default)
+    history: list[ChatTurn | dict[str, str]]  # earlier turns, oldest first: {role, content}
+    max_tokens: int  # the answer's token limit (at most the server's RAGLINE_MAX_NEW_TOKENS)
+    temperature: float  # 0 (greedy) up to the server's RAGLINE_MAX_TEMPERATURE
+    stop: list[str]  # the answer ends before the first of these
 
 
 class JobOptions(QueryOptions, total=False):
@@ -117,10 +123,14 @@ def _query_call(path: str, body: QueryRequest, deadline_ms: int | None) -> _Call
     return _Call("POST", path, body.model_dump(mode="json", exclude_unset=True), headers)
 
 
-def _query_body(model: type[QueryRequest], query: str, options: QueryOptions | dict[str, Any]) -> Any:
+_Body = TypeVar("_Body", bound=QueryRequest)
+
+
+def _query_body(model: type[_Body], query: str, options: Mapping[str, object]) -> _Body:
     # Only what the caller set travels, so the server's defaults apply to the rest. An unknown
     # option fails here, as the server would refuse it.
-    return model(query=query, **{k: v for k, v in options.items() if v is not None})
+    given: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
+    return model(query=query, **given)
 
 
 class _Retries:
@@ -161,10 +171,13 @@ class _StreamCursor:
         self._parser = SSEParser()
 
     def call(self) -> _Call:
-        if self.request_id is None and self._first is not None:
-            # Nothing came back yet, not even the request id: ask again.
+        if self.request_id is None:
+            # Nothing came back yet, not even the request id: ask again. (A resumed stream
+            # starts with its request id.)
+            assert self._first is not None
             return self._first
         headers = {"Last-Event-ID": self.last_event_id} if self.last_event_id else {}
+        # Without a first call the cursor was made to resume a known request id: never None here.
         return _Call("GET", _path("/v1/query/stream/{}", self.request_id), headers=headers)
 
     def opened(self, response: httpx.Response) -> None:

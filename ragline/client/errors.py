@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from api.jobs_protocol import JobView
+from ragline.client.protocol import JobView
 
 # -- errors -------------------------------------------------------------------------------------
 

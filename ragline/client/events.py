@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.protocol import StreamDone
-from broker.contract import CANCELLED_STATUS, Error, Sources, Token
+from ragline.client.protocol import Error, Restart, Sources, StreamDone, Token
+
+# What a client that gives up sends, by nginx's convention: an ``error`` event with it is a cancel.
+CANCELLED_STATUS: Final = 499
 
 # -- stream events ------------------------------------------------------------------------------
 
 
 class _EventId(BaseModel):
-    # Last among an event's bases, so its config wins: a field a newer server adds is ignored.
+    # Like the protocol's responses: a field a newer server adds is ignored.
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     event_id: str | None = Field(default=None, description="The SSE id: what a reconnection resumes after.")
@@ -25,6 +27,12 @@ class SourcesEvent(Sources, _EventId):
 
 class TokenEvent(Token, _EventId):
     """A piece of the answer."""
+
+
+class RestartEvent(Restart, _EventId):
+    """The answer starts again from its first token (a worker stopped mid-answer and another
+    began it anew): drop the tokens received so far; only those after the last restart make up
+    the ``done`` event's ``answer``."""
 
 
 class DoneEvent(StreamDone, _EventId):
@@ -42,10 +50,11 @@ class CancelledEvent(ErrorEvent):
     message: str = "cancelled"
 
 
-StreamEvent = SourcesEvent | TokenEvent | DoneEvent | ErrorEvent
-_BY_NAME: dict[str, type[SourcesEvent | TokenEvent | DoneEvent | ErrorEvent]] = {
+StreamEvent = SourcesEvent | TokenEvent | RestartEvent | DoneEvent | ErrorEvent
+_BY_NAME: dict[str, type[StreamEvent]] = {
     "sources": SourcesEvent,
     "token": TokenEvent,
+    "restart": RestartEvent,
     "done": DoneEvent,
     "error": ErrorEvent,
 }

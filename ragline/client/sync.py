@@ -8,10 +8,6 @@ from typing import Unpack
 
 import httpx
 
-from api.documents_protocol import DocumentList
-from api.indexes_protocol import IndexDetail, IndexList
-from api.jobs_protocol import JobAccepted, JobView
-from api.protocol import QueryRequest, QueryResponse
 from ragline.client.base import (
     FINAL_JOB_STATUSES,
     DocumentIn,
@@ -30,6 +26,15 @@ from ragline.client.base import (
 )
 from ragline.client.errors import JobFailed, JobTimeout, api_error
 from ragline.client.events import StreamEvent
+from ragline.client.protocol import (
+    DocumentList,
+    IndexDetail,
+    IndexList,
+    JobAccepted,
+    JobView,
+    QueryRequest,
+    QueryResponse,
+)
 
 # -- the sync client ------------------------------------------------------------------------------
 
@@ -91,7 +96,8 @@ class Client(_Base):
     ) -> Iterator[StreamEvent]:
         """Ask and yield the answer as it comes (``POST /v1/query/stream``): a SourcesEvent, then
         TokenEvents, then a DoneEvent, or an ErrorEvent (a CancelledEvent when cancelled), after
-        which it stops. With ``resume`` (the default) a dropped connection is picked up again
+        which it stops. A RestartEvent among the tokens says the answer starts again: drop the
+        tokens before it. With ``resume`` (the default) a dropped connection is picked up again
         with ``Last-Event-ID``; without it the server stops generating when the connection drops
         and the drop raises StreamInterrupted."""
         return self._events(self._stream_cursor(query, deadline_ms, resume, options))

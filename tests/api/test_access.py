@@ -11,8 +11,8 @@ import uuid
 
 import httpx
 import pytest
+from ragline.broker.config.settings import Settings
 
-from broker.settings import Settings
 from tests.helpers import Api, api_key, env_for, parse_sse, planted_load, pushed_queues
 
 pytestmark = pytest.mark.integration

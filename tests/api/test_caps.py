@@ -18,11 +18,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import redis
+from ragline.broker.config.settings import Settings
+from ragline.broker.contract.queues import RETRIEVAL_QUEUE
+from ragline.broker.limits.leases import REQUESTS
+from ragline.broker.redis.keys import Keys
 
-from broker.keys import Keys
-from broker.leases import REQUESTS
-from broker.queues import RETRIEVAL_QUEUE
-from broker.settings import Settings
 from tests.helpers import Api, api_key, own_prefix, result_cache_key, start_api
 
 pytestmark = pytest.mark.integration

@@ -23,10 +23,10 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from ragline.broker.config.settings import Settings
+from ragline.broker.contract.messages import Done, Timings
+from ragline.broker.redis.keys import Keys
 
-from broker.contract import Done, Timings
-from broker.keys import Keys
-from broker.settings import Settings
 from tests.helpers import parse_sse, redis_db_after, stack_on_db
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]

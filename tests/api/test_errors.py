@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from ragline.broker.config.settings import Settings
+from ragline.broker.redis.keys import Keys
+from ragline.broker.state import indexes
 
-from broker import indexes
-from broker.keys import Keys
-from broker.settings import Settings
 from ragline import processes
 from tests.helpers import free_port, parse_sse, start_api
 
@@ -52,7 +52,9 @@ def test_redis_lost_mid_request_is_503_with_retry_after(settings: Settings, tmp_
         client = redis.Redis.from_url(url)
         # An index, and no worker on this Redis: each request waits for events that never come.
         indexes.register(
-            client, Keys(s.redis.key_prefix), indexes.IndexInfo("test", "v1", "/nowhere", 1, 384)
+            client,
+            Keys(s.redis.key_prefix),
+            indexes.IndexInfo(name="test", version="v1", path="/nowhere", chunks=1, dim=384),
         )
         api = start_api(s, tmp_path / "api.log")
         try:

@@ -11,13 +11,13 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from ragline.api.query.protocol import QueryResponse
+from ragline.broker.config.settings import Settings
+from ragline.broker.contract.messages import Done
+from ragline.broker.contract.queues import GENERATION_QUEUE, RETRIEVAL_QUEUE
+from ragline.broker.redis.keys import Keys
+from ragline.broker.state import indexes
 
-from api.protocol import QueryResponse
-from broker import indexes
-from broker.contract import Done
-from broker.keys import Keys
-from broker.queues import GENERATION_QUEUE, RETRIEVAL_QUEUE
-from broker.settings import Settings
 from tests.helpers import api_key, redis_server, result_cache_key, start_api
 
 pytestmark = pytest.mark.integration
@@ -51,7 +51,9 @@ def test_a_full_redis_still_answers_200_and_429_and_refuses_new_jobs_with_503(
             redis_url=f"redis://127.0.0.1:{port}/0", auth_enabled=True, request_timeout_s=1.0
         )
         keys = Keys(s.redis.key_prefix)
-        indexes.register(client, keys, indexes.IndexInfo("test", "v1", "/nowhere", 1, 384))
+        indexes.register(
+            client, keys, indexes.IndexInfo(name="test", version="v1", path="/nowhere", chunks=1, dim=384)
+        )
         # Workers that look alive (no process: nothing answers), so admission lets the query in.
         for queue in (RETRIEVAL_QUEUE, GENERATION_QUEUE):
             client.zadd(keys.workers(queue), {"planted": time.time() + 3600})

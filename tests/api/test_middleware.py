@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY
+from ragline.api.app import create_app
+from ragline.broker.config.settings import Settings
 
-from api.app import create_app
-from broker.settings import Settings
 from tests.helpers import own_prefix
 
 LIMIT = 64 * 1024
@@ -21,7 +21,7 @@ JSON = {"content-type": "application/json"}
 
 @pytest.fixture(scope="module")
 def client(settings: Settings) -> Iterator[TestClient]:
-    with own_prefix(settings, "mw") as s, TestClient(create_app(s)) as c:
+    with own_prefix(settings, "mw") as s, TestClient(create_app(s), base_url="http://localhost") as c:
         yield c
 
 

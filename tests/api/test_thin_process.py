@@ -8,13 +8,15 @@ import sys
 SCRIPT = """
 import sys
 from fastapi.testclient import TestClient
-from api.app import create_app
-with TestClient(create_app()) as client:
+from ragline.api.app import create_app
+with TestClient(create_app(), base_url="http://localhost") as client:
     client.get("/healthz")
     client.get("/readyz")
     client.post("/v1/query", json={"query": ""})
-heavy_roots = {"workers", "torch", "faiss", "vllm", "sentence_transformers", "transformers"}
-heavy = sorted(m for m in sys.modules if m.split(".")[0] in heavy_roots)
+heavy_roots = {"torch", "faiss", "vllm", "sentence_transformers", "transformers"}
+heavy = sorted(
+    m for m in sys.modules if m.split(".")[0] in heavy_roots or m.startswith(("ragline.workers", "workers"))
+)
 print(",".join(heavy))
 """
 

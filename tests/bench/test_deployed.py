@@ -4,14 +4,30 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import httpx
 import pytest
+from ragline.broker.config import host
 
-from bench.deployed import Questions, RagSample, ask, held, prediction_errors, rag_clients_apart, tok_s
+from bench.deployed import (
+    TARGETS,
+    Questions,
+    RagSample,
+    against_engine,
+    ask,
+    engine_cores,
+    held,
+    prediction_errors,
+    rag_clients_apart,
+    start_pinned,
+    tok_s,
+)
 
 
 def _frame(event: str, data: dict) -> bytes:
@@ -78,7 +94,54 @@ def test_figures() -> None:
     assert held("predict_err_p90", math.nan) == "n/a"
 
 
+@pytest.mark.slow  # a spawned Python process
 def test_clients_in_a_process_of_their_own(server: str) -> None:
     run = rag_clients_apart(server, {}, Questions([f"q{i}?" for i in range(50)]), 2, 0.5).result(60)
     assert run.samples and all(s.status == 200 for s in run.samples)
     assert run.tok_s > 0
+
+
+def test_the_lone_answer_is_compared_with_the_engine_on_every_core_and_on_its_own_cores() -> None:
+    lone = [
+        RagSample("a", 200, first_token_s=0.50, e2e_s=2.0, completion_tokens=20),
+        RagSample("b", 200, first_token_s=0.70, e2e_s=2.0, completion_tokens=20),
+    ]
+    every_core = [{"first_token_s": 0.3, "e2e_s": 1.0, "tokens": 20}] * 2
+    same_cores = [{"first_token_s": 0.58, "e2e_s": 1.9, "tokens": 20}] * 2
+    f = against_engine(lone, every_core) | against_engine(lone, same_cores, "_same_cores")
+    assert f["lone_gen_over_engine"] == pytest.approx(0.5)
+    assert f["lone_first_token_over_engine_ms"] == pytest.approx(300.0)
+    assert f["lone_gen_over_engine_same_cores"] == pytest.approx(0.95)
+    assert f["lone_first_token_over_engine_same_cores_ms"] == pytest.approx(20.0)
+    # The targets: within 10% of the engine's speed, and 50 ms of its first token, on its cores.
+    assert TARGETS["lone_gen_over_engine_same_cores"] == (">=", 0.9)
+    assert TARGETS["lone_first_token_over_engine_same_cores_ms"] == ("<=", 50.0)
+    assert held("lone_gen_over_engine_same_cores", f["lone_gen_over_engine_same_cores"]) == "yes"
+    assert held("lone_first_token_over_engine_same_cores_ms", 51.0) == "**no**"
+    assert held("lone_gen_over_engine", f["lone_gen_over_engine"]) == "**no**"
+
+
+def test_the_engines_cores_are_those_ragline_up_gives_its_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    eight = host.Host(cores=tuple(range(8)), memory_bytes=2**34, cpu_flags=frozenset())
+    monkeypatch.setattr(host, "detect", lambda: eight)
+    env = {"RAGLINE_HOME": "/tmp/unused"}
+    assert engine_cores(env) == host.core_split(eight).engine == (2, 3, 4, 5, 6, 7)
+    assert engine_cores({**env, "RAGLINE_SPLIT_CORES": "false"}) is None
+    gpu_host = host.Host(eight.cores, eight.memory_bytes, eight.cpu_flags, gpus=(host.Gpu(0, "GPU", 0, 0),))
+    monkeypatch.setattr(host, "detect", lambda: gpu_host)
+    assert engine_cores(env) is None  # the engine computes on the GPU: nothing to match
+
+
+@pytest.mark.slow  # a child process
+def test_the_bare_engine_runs_on_the_cores_it_is_given(tmp_path: Path) -> None:
+    one = min(os.sched_getaffinity(0))
+    out = tmp_path / "affinity"
+    cmd = [
+        sys.executable,
+        "-c",
+        f"import os; open({str(out)!r}, 'w').write(repr(sorted(os.sched_getaffinity(0))))",
+    ]
+    assert start_pinned(cmd, dict(os.environ), (one,)).wait(30) == 0
+    assert out.read_text() == repr([one])
+    assert start_pinned(cmd, dict(os.environ), None).wait(30) == 0
+    assert out.read_text() == repr(sorted(os.sched_getaffinity(0)))

@@ -1,5 +1,5 @@
 """A Celery app built as ragline builds its own, with one task that holds its worker a while:
-the worker of tests/broker/test_redis_transport.py."""
+the worker of tests/broker/redis/test_redis_transport.py."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import os
 import time
 
 import redis
-
-from broker.celery_app import create_celery
-from broker.settings import Settings
+from ragline.broker.celery_app import create_celery
+from ragline.broker.config.settings import Settings
 
 URL = os.environ["RAGLINE_RESTART_TEST_URL"]
 app = create_celery(Settings().replace(redis_url=URL).redis)

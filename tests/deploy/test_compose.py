@@ -10,6 +10,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -81,9 +82,10 @@ def compose() -> dict:
         return yaml.safe_load(fh)
 
 
+@pytest.mark.slow  # runs docker-compose
 @pytest.mark.parametrize(
     "profiles",
-    [(), ("gpu",), ("setup",), ("setup", "ingest", "gpu")],
+    [(), ("gpu",), ("setup",), ("ha",), ("setup", "ingest", "gpu")],
     ids=lambda p: "+".join(p) or "default",
 )
 def test_compose_config_validates(profiles: tuple[str, ...]) -> None:
@@ -91,6 +93,7 @@ def test_compose_config_validates(profiles: tuple[str, ...]) -> None:
     assert proc.returncode == 0, f"compose config failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
 
 
+@pytest.mark.slow  # runs docker-compose
 @pytest.mark.parametrize("missing", sorted(SECRETS))
 def test_compose_refuses_to_start_without_each_secret(missing: str) -> None:
     """No placeholder to fall back to: without the secret, compose stops and names it."""
@@ -107,6 +110,7 @@ def _published(port: object) -> tuple[str, int]:
     return (parts[0] if len(parts) == 3 else "0.0.0.0"), int(parts[-2] if len(parts) > 1 else parts[0])
 
 
+@pytest.mark.slow  # runs docker-compose
 def test_only_the_api_is_published_on_every_interface(resolved: dict) -> None:
     published = {
         name: [_published(p) for p in service.get("ports", [])]
@@ -118,10 +122,11 @@ def test_only_the_api_is_published_on_every_interface(resolved: dict) -> None:
     assert "expose" not in resolved["services"]["redis"]
 
 
+@pytest.mark.slow  # runs docker-compose
 def test_every_process_logs_in_to_redis_with_its_password(resolved: dict) -> None:
     password = SECRETS["RAGLINE_REDIS_PASSWORD"]
     for name, service in resolved["services"].items():
-        if name != "redis":
+        if name != "redis" and not name.startswith(REDIS_HA_SERVICES):
             assert (
                 service["environment"]["RAGLINE_REDIS_URL"] == f"redis://ragline:{password}@redis:6379/0"
             ), name
@@ -130,6 +135,7 @@ def test_every_process_logs_in_to_redis_with_its_password(resolved: dict) -> Non
     assert "redis-cli --user ragline ping | grep -q PONG" in redis["healthcheck"]["test"][1]
 
 
+@pytest.mark.slow  # runs docker-compose
 def test_secrets_reach_the_processes_that_check_them(resolved: dict) -> None:
     services = resolved["services"]
     for name in ("api", "callbacks-worker"):
@@ -137,6 +143,8 @@ def test_secrets_reach_the_processes_that_check_them(resolved: dict) -> None:
     assert services["flower"]["environment"]["RAGLINE_FLOWER_PASSWORD"] == SECRETS["RAGLINE_FLOWER_PASSWORD"]
 
 
+@pytest.mark.redis  # a redis-server of its own
+@pytest.mark.slow  # runs docker-compose
 def test_redis_as_compose_runs_it_refuses_anonymous_clients(resolved: dict, tmp_path: Path) -> None:
     """The redis service's own command line on a real redis-server: no client gets in without
     the password, ragline's URL does, and the healthcheck's redis-cli passes."""
@@ -213,7 +221,9 @@ def test_api(compose: dict) -> None:
 def test_common_environment(compose: dict) -> None:
     for name in EXPECTED_SERVICES - {"redis"}:
         env = compose["services"][name]["environment"]
-        assert env["RAGLINE_REDIS_URL"].startswith("redis://ragline:${RAGLINE_REDIS_PASSWORD:?"), name
+        # redis:// unless the `ha` profile's .env names the sentinels instead.
+        scheme = "${RAGLINE_REDIS_SCHEME:-redis}://ragline:${RAGLINE_REDIS_PASSWORD:?"
+        assert env["RAGLINE_REDIS_URL"].startswith(scheme), name
         assert str(env["HF_HUB_OFFLINE"]) == "1", name
 
 
@@ -249,11 +259,12 @@ def test_generation_worker_sizes_itself(compose: dict) -> None:
         assert name not in env, name
 
 
+@pytest.mark.slow  # runs docker-compose
 def test_cores_from_ragline_cores_reach_each_container() -> None:
     """What `ragline cores` prints for this host, put in the environment (as in .env), becomes the
     engine's cpuset and everything else's; unset, no container is confined."""
     printed = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "python"), "-m", "ragline", "cores"],
+        [sys.executable, "-m", "ragline", "cores"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -293,18 +304,40 @@ def test_models_is_a_setup_one_shot(compose: dict) -> None:
     assert models["profiles"] == ["setup"]
 
 
-def test_gpu_worker_requests_nvidia_device(compose: dict) -> None:
+def test_gpu_worker_requests_nvidia_devices(compose: dict) -> None:
     gpu = compose["services"]["generation-worker-gpu"]
     assert gpu["profiles"] == ["gpu"]
     assert gpu["build"]["args"]["EXTRA"] == "gpu"
-    assert gpu["command"] == ["ragline", "worker", "generation"]
+    # One engine per GPU of the container's (its placement: ragline/placement.py).
+    assert gpu["command"][:5] == ["ragline", "worker", "generation", "--gpus", "${RAGLINE_GPUS:-all}"]
     devices = gpu["deploy"]["resources"]["reservations"]["devices"]
     assert any(
-        d.get("driver") == "nvidia" and d.get("count") == 1 and "gpu" in d.get("capabilities", [])
+        d.get("driver") == "nvidia" and d.get("count") == "all" and "gpu" in d.get("capabilities", [])
         for d in devices
     ), devices
-    # The CPU-only vLLM knobs have no place on the GPU worker.
-    assert not any(k.startswith("VLLM_CPU_") for k in gpu["environment"])
+    # The CPU-only vLLM knobs have no place on the GPU worker, and the device chooses the rest.
+    env = gpu["environment"]
+    assert not any(k.startswith("VLLM_CPU_") for k in env)
+    for name in (
+        "RAGLINE_DTYPE",
+        "RAGLINE_MAX_NUM_SEQS",
+        "RAGLINE_GPU_MEMORY_UTILIZATION",
+        "RAGLINE_KV_BLOCK_SIZE",
+    ):
+        assert name not in env, name
+
+
+@pytest.mark.slow  # runs docker-compose
+def test_gpus_and_tensor_parallel_reach_the_gpu_worker() -> None:
+    for env, gpus, tp in (
+        ({}, "all", "1"),
+        ({"RAGLINE_GPUS": "0,2", "RAGLINE_TENSOR_PARALLEL": "2"}, "0,2", "2"),
+    ):
+        done = _config("gpu", env={**_compose_env(**SECRETS), **env})
+        assert done.returncode == 0, done.stderr
+        service = yaml.safe_load(done.stdout)["services"]["generation-worker-gpu"]
+        assert service["command"] == ["ragline", "worker", "generation", "--gpus", gpus]
+        assert service["environment"]["RAGLINE_TENSOR_PARALLEL"] == tp
 
 
 def test_dockerfile() -> None:
@@ -316,3 +349,51 @@ def test_dockerfile() -> None:
     user_lines = [ln.split()[1] for ln in text.splitlines() if ln.startswith("USER ")]
     assert user_lines and user_lines[-1] not in {"root", "0"}, "the image must run as non-root"
     assert 'CMD ["ragline", "api"]' in text
+
+
+REDIS_HA_SERVICES = ("redis-replica-", "sentinel-")  # the `ha` profile's Redis nodes and sentinels
+# What .env says with the `ha` profile (the top of docker-compose.yml).
+HA_ENV = {
+    "RAGLINE_REDIS_SCHEME": "redis+sentinel",
+    "RAGLINE_REDIS_ADDRESS": "sentinel-a:26379,sentinel-b:26379,sentinel-c:26379/ragline/0",
+}
+
+
+@pytest.mark.slow  # runs docker-compose
+def test_the_ha_profile_is_a_primary_two_replicas_and_three_sentinels(tmp_path: Path) -> None:
+    from ragline.broker.config.settings import RedisSettings
+    from ragline.broker.redis.target import parse
+
+    done = _config("ha", env=_compose_env(**SECRETS, **HA_ENV))
+    assert done.returncode == 0, done.stderr
+    services = yaml.safe_load(done.stdout)["services"]
+    password = SECRETS["RAGLINE_REDIS_PASSWORD"]
+    ragline = {n: s for n, s in services.items() if "RAGLINE_REDIS_URL" in s.get("environment", {})}
+    assert {"api", "retrieval-worker", "generation-worker", "callbacks-worker", "flower"} <= set(ragline)
+    for name, service in ragline.items():
+        env = service["environment"]
+        target = parse(env["RAGLINE_REDIS_URL"], sentinel_password=env["RAGLINE_REDIS_SENTINEL_PASSWORD"])
+        assert target.sentinels == (("sentinel-a", 26379), ("sentinel-b", 26379), ("sentinel-c", 26379)), name
+        assert (target.master, target.username, target.password, target.sentinel_password) == (
+            "ragline", "ragline", password, password,
+        )  # fmt: skip
+        assert RedisSettings(redis_url=env["RAGLINE_REDIS_URL"]).wait_replicas == 1  # jobs wait for a replica
+    for name in ("redis-replica-a", "redis-replica-b"):
+        command = " ".join(services[name]["command"])
+        assert "--appendonly yes" in command and "--replicaof redis 6379" in command
+        assert f"--masterauth {password}" in command and f"--replica-announce-ip {name}" in command
+        assert "--user default off" in command and not services[name].get("ports")
+    assert f"--masterauth {password}" in " ".join(services["redis"]["command"])  # once demoted
+    for name in ("sentinel-a", "sentinel-b", "sentinel-c"):
+        service = services[name]
+        assert not service.get("ports")
+        # The service's own script, run with its environment, but printing the config it writes.
+        script = service["command"][2].replace("/tmp/sentinel.conf", str(tmp_path / f"{name}.conf"))
+        script = script.replace("exec redis-sentinel", "cat").replace("$$", "$")  # compose unescapes it
+        env = {**os.environ, **service["environment"]}
+        config = subprocess.run(
+            ["sh", "-c", script], env=env, capture_output=True, text=True, check=True
+        ).stdout
+        assert f"sentinel announce-ip {name}" in config
+        assert "sentinel monitor ragline redis 6379 2" in config  # a quorum of two of three
+        assert f"requirepass {password}" in config and f"sentinel auth-pass ragline {password}" in config

@@ -17,9 +17,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-
-from broker import shards
-from broker.queues import RETRIEVAL_QUEUE
+from ragline.broker.contract.queues import RETRIEVAL_QUEUE
+from ragline.broker.state import shards
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_DIR = REPO / "deploy" / "k8s"
@@ -380,6 +379,31 @@ def test_generation_worker_one_engine_per_gpu() -> None:
     assert shm and shm[0]["emptyDir"]["medium"] == "Memory"
 
 
+def test_generation_defaults_come_from_the_pods_gpu() -> None:
+    container = _container(_objects("Deployment")["generation-worker"])
+    env = _env(container)
+    # Chosen in the pod from its GPU (and logged): nothing from one development box.
+    for name in (
+        "RAGLINE_DTYPE",
+        "RAGLINE_GPU_MEMORY_UTILIZATION",
+        "RAGLINE_KV_BLOCK_SIZE",
+        "RAGLINE_ENFORCE_EAGER",
+    ):
+        assert name not in env and name not in _configmap_env(), name
+    assert not any(k.startswith("VLLM_CPU_") for k in env)
+    # One engine over the pod's GPUs: as many as it gets.
+    assert int(env["RAGLINE_TENSOR_PARALLEL"]) == container["resources"]["limits"]["nvidia.com/gpu"]
+
+
+def test_keda_scales_generation_on_its_queue_one_full_batch_per_pod() -> None:
+    so = next(s for s in SCALED_OBJECTS if s["spec"]["scaleTargetRef"]["name"] == "generation-worker")
+    depth = next(t for t in so["spec"]["triggers"] if t["name"] == "generation-queue-depth")
+    assert depth["metadata"]["query"] == 'max(ragline_queue_depth{queue="generation"})'
+    assert depth["metricType"] == "AverageValue"
+    seqs = _env(_container(_objects("Deployment")["generation-worker"]))["RAGLINE_MAX_NUM_SEQS"]
+    assert depth["metadata"]["threshold"] == seqs
+
+
 def test_keda_targets_set_no_replicas() -> None:
     for so in SCALED_OBJECTS:
         target = _objects("Deployment")[so["spec"]["scaleTargetRef"]["name"]]
@@ -541,9 +565,8 @@ def test_flower_admits_this_namespace_only() -> None:
 
 
 def _exported_metric_names() -> set[str]:
+    import ragline.broker.metrics  # noqa: F401  (registers every ragline metric)
     from prometheus_client import REGISTRY
-
-    import broker.metrics  # noqa: F401  (registers every ragline metric)
 
     suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created")}
     names: set[str] = set()
@@ -580,7 +603,9 @@ def test_scaled_objects_structure() -> None:
             )
             used = set(re.findall(r"\bragline_[a-zA-Z0-9_]+", meta["query"]))
             assert used, f"{name}: query reads no ragline metric: {meta['query']}"
-            assert used <= exported, f"{name}: not exported by broker.metrics: {sorted(used - exported)}"
+            assert used <= exported, (
+                f"{name}: not exported by ragline.broker.metrics: {sorted(used - exported)}"
+            )
         if "fallback" in spec:
             # KEDA supports fallback only when every trigger is AverageValue.
             assert all(t.get("metricType", "AverageValue") == "AverageValue" for t in spec["triggers"]), name

@@ -3,7 +3,7 @@ dashboard, and the KEDA queries.
 
 `promtool` (Debian/Ubuntu package `prometheus`) checks the config, the rules and their unit tests,
 and parses every dashboard and KEDA query. CI installs it; a missing binary is a failure, not a skip.
-Every `ragline_*` name anywhere in them must be one that broker.metrics exports.
+Every `ragline_*` name anywhere in them must be one that ragline.broker.metrics exports.
 """
 
 from __future__ import annotations
@@ -39,10 +39,9 @@ TARGET_LABELS = {"job", "instance", "namespace", "component", "pod"}
 
 def _exported() -> tuple[set[str], dict[str, set[str]], dict[str, str]]:
     """Exported sample names, the label names of each, and each one's family name."""
+    import ragline.broker.metrics as metrics
     from prometheus_client import REGISTRY
     from prometheus_client.metrics import MetricWrapperBase
-
-    import broker.metrics as metrics
 
     suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created")}
     names: set[str] = set()
@@ -133,7 +132,9 @@ def test_every_metric_name_is_exported(source: str) -> None:
         for name in unknown
         if f"{name}_bucket" in EXPORTED
     }
-    assert not unknown, f"{source} uses names broker.metrics does not export: {sorted(unknown)} {hints}"
+    assert not unknown, (
+        f"{source} uses names ragline.broker.metrics does not export: {sorted(unknown)} {hints}"
+    )
 
 
 @pytest.mark.parametrize("source", list(SOURCES))
@@ -152,7 +153,7 @@ def test_dashboard_shows_every_exported_metric() -> None:
     used = set(METRIC_RE.findall(" ".join(_dashboard_exprs())))
     shown = {FAMILY_OF[name] for name in used if name in FAMILY_OF}
     missing = sorted(set(FAMILY_OF.values()) - shown)
-    assert not missing, f"exported by broker.metrics but on no dashboard panel: {missing}"
+    assert not missing, f"exported by ragline.broker.metrics but on no dashboard panel: {missing}"
 
 
 # -- promtool ---------------------------------------------------------------------------------
@@ -305,6 +306,8 @@ def test_dashboard_has_the_required_views() -> None:
         assert has("histogram_quantile(0.5,", f"{metric}_bucket"), f"no P50 of {metric}"
         assert has("histogram_quantile(0.99,", f"{metric}_bucket"), f"no P99 of {metric}"
     assert has("ragline_queue_depth")
+    assert has("max by (queue) (ragline_queue_predicted_wait_seconds)"), "no predicted wait per queue"
+    assert has("rate(ragline_stream_stalls_total")
     assert has("sum by (reason)", "ragline_rejections_total")
     assert has("ragline_cache_hits_total", "ragline_cache_misses_total", "by (level)"), (
         "no hit rate per level"

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from ragline.broker.config.settings import Settings
+from ragline.broker.redis.keys import Keys
+from ragline.broker.state import webhooks
 
-from broker import webhooks
-from broker.keys import Keys
-from broker.settings import Settings
 from tests.helpers import env_for, finished_job_record
 from tests.webhook_receiver import running_receiver
 
@@ -65,14 +65,19 @@ def test_ingest_refuses_a_bad_default_index(settings: Settings, corpus: Path, tm
 def test_webhooks_secret_set_signs_that_keys_deliveries(
     settings: Settings, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A key made with `ragline keys create` gets its own secret from `ragline webhooks secret
-    set`; a real delivery of that key's job is signed with it, not with RAGLINE_WEBHOOK_SECRET,
-    until `clear`."""
-    import workers.callbacks as callbacks
+    """A key made with `ragline keys create` signs with a secret derived for it (`ragline webhooks
+    secret show`) until `ragline webhooks secret set` gives it its own; a real delivery of that
+    key's job is signed with it, never with RAGLINE_WEBHOOK_SECRET itself, and `clear` goes back
+    to the derived one."""
+    import ragline.workers.callbacks as callbacks
 
     created = _ragline(settings, "keys", "create", "--name", "hooks-owner")
     assert created.returncode == 0, created.stderr
     key_id = created.stderr.split("created ", 1)[1].split()[0]
+    shown = _ragline(settings, "webhooks", "secret", "show", key_id)
+    assert shown.returncode == 0 and "derived" in shown.stderr, shown.stderr
+    derived = shown.stdout.strip()
+    assert derived == webhooks.derived_secret(settings.webhooks.webhook_secret, key_id)
     done = _ragline(settings, "webhooks", "secret", "set", key_id)
     assert done.returncode == 0, done.stderr
     secret = done.stdout.strip()
@@ -98,7 +103,9 @@ def test_webhooks_secret_set_signs_that_keys_deliveries(
 
     with running_receiver() as receiver:
         assert delivered_signature_verifies(secret)
+        assert _ragline(settings, "webhooks", "secret", "show", key_id).stdout.strip() == secret
         assert not delivered_signature_verifies(settings.webhooks.webhook_secret)
+        assert not delivered_signature_verifies(derived)
         brought = "my-own-secret-0123456789"
         assert (
             _ragline(settings, "webhooks", "secret", "set", key_id, "--stdin", stdin=brought + "\n").stdout
@@ -106,12 +113,20 @@ def test_webhooks_secret_set_signs_that_keys_deliveries(
         )
         assert delivered_signature_verifies(brought)
         assert _ragline(settings, "webhooks", "secret", "clear", key_id).returncode == 0
-        assert delivered_signature_verifies(settings.webhooks.webhook_secret)
+        # Back to its derived secret, never the deployment's own, which no receiver holds.
+        assert delivered_signature_verifies(derived)
+        assert not delivered_signature_verifies(settings.webhooks.webhook_secret)
+        assert _ragline(settings, "webhooks", "secret", "show", key_id).stdout.strip() == derived
 
 
 def test_webhooks_secret_set_refuses_unknown_keys_and_weak_secrets(settings: Settings) -> None:
-    unknown = _ragline(settings, "webhooks", "secret", "set", "key_000000000000")
-    assert unknown.returncode == 1 and "no key with id 'key_000000000000'" in unknown.stderr
+    for command in ("set", "show"):
+        unknown = _ragline(settings, "webhooks", "secret", command, "key_000000000000")
+        assert unknown.returncode == 1 and "no key with id 'key_000000000000'" in unknown.stderr
+    # The one principal that is no key: a deployment without keys signs as `anonymous`.
+    anonymous = _ragline(settings, "webhooks", "secret", "show", "anonymous")
+    assert anonymous.returncode == 0, anonymous.stderr
+    assert anonymous.stdout.strip() == webhooks.derived_secret(settings.webhooks.webhook_secret, "anonymous")
     created = _ragline(settings, "keys", "create", "--name", "weak")
     key_id = created.stderr.split("created ", 1)[1].split()[0]
     weak = _ragline(settings, "webhooks", "secret", "set", key_id, "--stdin", stdin="change-me\n")
@@ -121,8 +136,8 @@ def test_webhooks_secret_set_refuses_unknown_keys_and_weak_secrets(settings: Set
 def test_keys_carry_the_scopes_they_are_created_with(settings: Settings, redis_url: str) -> None:
     """`ragline keys create --scope` records them (read by default), `keys list` shows them,
     `keys scopes` changes them, and a scope that is not one is refused before anything is stored."""
-    from broker import apikeys
-    from broker.redis_pool import sync_client
+    from ragline.broker.redis.pool import sync_client
+    from ragline.broker.state import apikeys
 
     s = settings.replace(key_prefix="ragline-test-cli-scopes")
     client, keys = sync_client(s.redis), Keys(s.redis.key_prefix)
@@ -179,3 +194,41 @@ def test_worker_refuses_a_shard_selection_outside_the_rule(settings: Settings) -
     assert done.returncode == 2 and "not valid" in done.stderr, done.stderr
     done = _ragline(settings, "worker", "generation", "--shards", "docs:0")
     assert done.returncode == 2 and "retrieval workers" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("shards", [(), ("--shard-by", "region")])
+def test_ingest_refuses_front_matter_past_the_metadata_limits(
+    settings: Settings, tmp_path: Path, shards: tuple[str, ...]
+) -> None:
+    home = tmp_path / "home"
+    (home / "indexes").mkdir(parents=True)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "fine.md").write_text("---\nregion: eu\n---\n# Fine\n\nSome text.")
+    keys = "".join(f"k{i}: v\n" for i in range(5))
+    (tmp_path / "docs" / "wide.md").write_text(f"---\nregion: eu\n{keys}---\n# Wide\n\nSome text.")
+    limited = settings.replace(home=home, metadata_max_keys=4)
+    done = _ragline(limited, "ingest", str(tmp_path / "docs"), "--index", "regions", *shards)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "'wide.md'" in done.stderr and "RAGLINE_METADATA_MAX_KEYS" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not any((home / "indexes").iterdir())  # nothing written, nothing embedded
+    # --meta counts too.
+    done = _ragline(limited, "ingest", str(tmp_path / "docs" / "fine.md"), "--meta", f"note={'x' * 2000}")
+    assert done.returncode == 2 and "RAGLINE_METADATA_MAX_VALUE_CHARS" in done.stderr, done.stderr
+
+
+def test_sharded_ingest_past_the_shard_limit_fails_before_anything_is_written(
+    settings: Settings, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    (home / "indexes").mkdir(parents=True)
+    (tmp_path / "docs").mkdir()
+    for region in ("eu", "us", "ap"):
+        (tmp_path / "docs" / f"{region}.md").write_text(f"---\nregion: {region}\n---\n# {region}\n\nText.")
+    limited = settings.replace(home=home, max_shards_per_index=2)
+    for args in (("--shard-by", "region"), ("--shards", "3")):
+        done = _ragline(limited, "ingest", str(tmp_path / "docs"), "--index", "regions", *args)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "would have 3 shards" in done.stderr and "RAGLINE_MAX_SHARDS_PER_INDEX" in done.stderr
+        assert "Traceback" not in done.stderr
+        assert not any((home / "indexes").iterdir())

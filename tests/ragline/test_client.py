@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import redis
+from ragline.broker.config.settings import Settings
+from ragline.broker.redis.keys import Keys
+from ragline.broker.state import apikeys
 
-from broker import apikeys
-from broker.keys import Keys
-from broker.settings import Settings
 from ragline.client import (
     AsyncClient,
     BadRequest,

@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 
 import pytest
+from ragline.broker.config.settings import Settings
 
-from broker.settings import Settings
 from ragline.demo import QUESTIONS, write_demo_corpus
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
@@ -42,17 +42,16 @@ def test_repeated_sentences_finds_a_loop() -> None:
 def test_demo_answers_say_no_sentence_twice(
     settings: Settings, prepared_model: Path, embedder, tmp_path: Path
 ) -> None:
+    from ragline.broker.contract.messages import Source
+    from ragline.broker.redis.keys import Keys
+    from ragline.broker.redis.pool import sync_client
+    from ragline.broker.state import indexes
+    from ragline.workers.generation.engine import EngineHost
+    from ragline.workers.generation.model_prep import generation_model_path
+    from ragline.workers.generation.prompt import PromptBuilder, build_rag_prompt
+    from ragline.workers.retrieval import index_store
+    from ragline.workers.retrieval.ingest import ingest
     from transformers import AutoTokenizer
-
-    from broker import indexes
-    from broker.contract import Source
-    from broker.keys import Keys
-    from broker.redis_pool import sync_client
-    from workers.generation.engine import EngineHost
-    from workers.generation.model_prep import generation_model_path
-    from workers.generation.prompt import build_rag_prompt
-    from workers.retrieval import index_store
-    from workers.retrieval.ingest import ingest
 
     defaults = Settings()
     demo = settings.replace(
@@ -77,6 +76,7 @@ def test_demo_answers_say_no_sentence_twice(
 
     engine = EngineHost(demo.generation, generation_model_path(demo))
     engine.start()
+    builder = PromptBuilder(tokenizer, block_tokens=engine.prefix_block_tokens())  # as the worker's
     try:
         for i, question in enumerate(QUESTIONS):
             hits = loaded.search(embedder.encode([question]), 3)[0]
@@ -84,11 +84,11 @@ def test_demo_answers_say_no_sentence_twice(
                 Source(chunk_id=c.chunk_id, source=c.source, title=c.title, text=c.text, score=s)
                 for c, s in hits
             ]
-            prompt = build_rag_prompt(demo.generation, tokenizer, question, sources)
+            prompt = build_rag_prompt(demo.generation, builder, question, sources)
             answer = "".join(
                 d.text
                 for d in engine.stream(
-                    f"demo-{i}", prompt.text, max_tokens=demo.generation.max_new_tokens, timeout_s=300
+                    f"demo-{i}", prompt.token_ids, max_tokens=demo.generation.max_new_tokens, timeout_s=300
                 )
             )
             assert answer.strip(), question

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from ragline.broker.config.settings import Settings
+from ragline.broker.contract.messages import Source
 
-from broker.contract import Source
-from broker.settings import Settings
 from ragline import eval as evaluation
 from ragline.cli import main
 
@@ -67,7 +67,7 @@ def test_in_process_against_a_real_index(
         "How often should a bicycle chain be oiled?\tbicycle.md\t300\n"
         "What temperature is right for green tea?\ttea.md\t80\n"
     )
-    from broker import settings as settings_module
+    from ragline.broker.config import settings as settings_module
 
     monkeypatch.setattr(settings_module, "get_settings", lambda: settings)
     monkeypatch.setattr("ragline.cli.get_settings", lambda: settings)

@@ -19,6 +19,9 @@ import pytest
 from ragline import processes
 from ragline.processes import Supervisor
 
+# Each test waits out real signals and grace periods on a process tree.
+pytestmark = pytest.mark.slow
+
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 # A child that ignores SIGTERM and has a grandchild: only the group kill ends both.
 STUBBORN = [

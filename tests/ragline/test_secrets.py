@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from ragline.broker.config.settings import DEV_WEBHOOK_SECRET, Settings
 
-from broker.settings import DEV_WEBHOOK_SECRET, Settings
 from ragline import processes
 from tests.helpers import env_for, free_port
 

@@ -21,11 +21,11 @@ import httpx
 import psutil
 import pytest
 import redis
+from ragline.broker.config.settings import Settings
+from ragline.broker.contract.queues import GENERATION_QUEUE
+from ragline.broker.limits.backpressure import priority_lists
+from ragline.broker.redis.keys import Keys
 
-from broker.backpressure import priority_lists
-from broker.keys import Keys
-from broker.queues import GENERATION_QUEUE
-from broker.settings import Settings
 from tests.helpers import env_for, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
@@ -124,7 +124,7 @@ def _home(settings: Settings, tmp_path: Path) -> Settings:
 def test_up_sigterm_hands_back_a_job_in_flight_and_ctrl_c_stops_all(
     settings: Settings, prepared_model: Path, corpus: Path, embedder: object, tmp_path: Path
 ) -> None:
-    from workers.retrieval.ingest import ingest
+    from ragline.workers.retrieval.ingest import ingest
 
     up_settings = _home(settings, tmp_path).replace(
         max_new_tokens=ANSWER_TOKENS, min_new_tokens=ANSWER_TOKENS

@@ -13,12 +13,14 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+import ragline.workers.callbacks as callbacks
 import redis
+from ragline.broker.config.settings import Settings
+from ragline.broker.contract.records import JobRecord, JobView
+from ragline.broker.limits import ssrf
+from ragline.broker.redis.keys import Keys
+from ragline.broker.state import webhooks
 
-import workers.callbacks as callbacks
-from broker import jobs, ssrf, webhooks
-from broker.keys import Keys
-from broker.settings import Settings
 from ragline import processes
 from tests.helpers import env_for, finished_job_record, free_port
 from tests.webhook_receiver import Receiver, running_receiver, running_trickler
@@ -49,10 +51,16 @@ def test_attempt_posts_the_signed_final_json(cfg: Settings, receiver: Receiver) 
     outcome, last = callbacks.attempt_delivery(record, 2)
     assert outcome == "delivered" and last["status_code"] == 200 and last["attempt"] == 2
     (hook,) = receiver.received(url)
-    assert json.loads(hook.body) == jobs.view(record, delivery=False)
+    assert hook.body == JobView.of(JobRecord.decode(record), delivery=False).webhook_body()
+    body = json.loads(hook.body)
+    assert "webhook" not in body and body["job_id"] == record["id"] and body["status"] == "done"
+    assert body["request"]["query"] == "q" and body["metadata"] == {"a": 1}
     h = hook.headers
     timestamp, signature = h["x-ragline-timestamp"], h["x-ragline-signature"]
-    assert webhooks.verify(
+    # Its owner has no secret of its own: the one derived for it signs.
+    derived = webhooks.derived_secret(cfg.webhooks.webhook_secret, record["owner"])
+    assert webhooks.verify(derived, timestamp, record["delivery_id"], hook.body, signature)
+    assert not webhooks.verify(
         cfg.webhooks.webhook_secret, timestamp, record["delivery_id"], hook.body, signature
     )
     assert h["x-ragline-delivery"] == record["delivery_id"] and h["x-ragline-attempt"] == "2"

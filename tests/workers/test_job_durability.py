@@ -19,9 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from ragline.broker.config.settings import Settings
+from ragline.broker.redis.keys import Keys
 
-from broker.keys import Keys
-from broker.settings import Settings
 from tests.helpers import Proc, redis_db_after, stack_on_db, wait_healthy
 from tests.webhook_receiver import Receiver, running_receiver
 

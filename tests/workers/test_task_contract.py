@@ -13,14 +13,14 @@ import pytest
 
 def _task(name: str) -> Any:
     if name == "retrieve":
-        from workers.retrieval.app import retrieve
+        from ragline.workers.retrieval.app import retrieve
 
         return retrieve
     if name == "generate":
-        from workers.generation.app import generate
+        from ragline.workers.generation.app import generate
 
         return generate
-    from workers.callbacks import deliver_webhook
+    from ragline.workers.callbacks import deliver_webhook
 
     return deliver_webhook
 

@@ -13,21 +13,23 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from broker.settings import GenerationSettings
+from ragline.broker.config.settings import GenerationSettings
+from ragline.workers.errors import WorkerError
+from ragline.workers.generation.engine_protocol import Engine
 
 log = logging.getLogger(__name__)
 
 
-class EngineUnavailable(RuntimeError):
+class EngineUnavailable(WorkerError, RuntimeError):
     """The engine died or is shutting down; the request should go back to the queue."""
 
 
-class GenerationTimeout(TimeoutError):
+class GenerationTimeout(WorkerError, TimeoutError):
     """The request did not finish in its time budget; it was aborted in the engine."""
 
 
@@ -38,6 +40,8 @@ class Delta:
     prompt_tokens: int
     finished: bool
     finish_reason: str | None
+    # Prompt tokens whose KV state the engine found in its prefix cache.
+    cached_tokens: int = 0
 
 
 _END = object()
@@ -55,8 +59,6 @@ def engine_args(s: GenerationSettings, model_path: str) -> Any:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     optional: dict[str, Any] = {}
-    if s.max_num_batched_tokens:
-        optional["max_num_batched_tokens"] = s.max_num_batched_tokens
     if s.quantization:
         optional["quantization"] = s.quantization
     if s.speculative_config:
@@ -67,15 +69,39 @@ def engine_args(s: GenerationSettings, model_path: str) -> Any:
         enforce_eager=s.enforce_eager,
         max_model_len=s.max_model_len,
         max_num_seqs=s.max_num_seqs,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        enable_chunked_prefill=s.enable_chunked_prefill,
         enable_prefix_caching=s.enable_prefix_caching,
+        # Passed, not left to vLLM, so that the prompt's layout and the engine's blocks agree.
+        block_size=s.kv_block_size,
         gpu_memory_utilization=s.gpu_memory_utilization,
+        tensor_parallel_size=s.tensor_parallel,
+        load_format=s.load_format,
         disable_log_stats=False,
         seed=0,
         **optional,
     )
 
 
-class EngineHost:
+def sampling_params(
+    s: GenerationSettings, *, max_tokens: int, temperature: float | None = None, stop: tuple[str, ...] = ()
+) -> Any:
+    """One request's sampling, deltas streamed: the settings' unless the request sets its own
+    ``temperature`` (None: the setting's) and ``stop``."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        max_tokens=max_tokens,
+        min_tokens=min(s.min_new_tokens, max_tokens),
+        temperature=s.temperature if temperature is None else temperature,
+        frequency_penalty=s.frequency_penalty,
+        stop=list(stop) or None,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+class EngineHost(Engine):
     def __init__(self, settings: GenerationSettings, model_path: str) -> None:
         self._settings = settings
         self._model_path = model_path
@@ -95,42 +121,53 @@ class EngineHost:
         self._thread.start()
         # The engine's output handler attaches to the loop it is built on: build it there.
         self._engine = asyncio.run_coroutine_threadsafe(self._build(), self._loop).result(timeout_s)
-        log.info("vLLM engine ready: %s", self._model_path)
+        # The engine may still change the block size (a model whose attention needs another).
+        blocks = self._engine.vllm_config.cache_config.block_size
+        if blocks != self._settings.kv_block_size:
+            log.warning(
+                "the engine uses KV blocks of %d tokens, not kv_block_size %d",
+                blocks,
+                self._settings.kv_block_size,
+            )
+        log.info("vLLM engine ready: %s, KV blocks of %d tokens", self._model_path, blocks)
 
     async def _build(self) -> Any:
+        from ragline.workers.generation.engine_stats import PrometheusStats
         from vllm.v1.engine.async_llm import AsyncLLM
-
-        from workers.generation.engine_stats import PrometheusStats
 
         return AsyncLLM.from_engine_args(
             engine_args(self._settings, self._model_path), stat_loggers=[PrometheusStats]
         )
 
+    def prefix_block_tokens(self) -> int:
+        """The tokens of one KV block the prefix cache reuses (1: it reuses none), as the engine
+        resolved it: vLLM's CPU backend uses 128, a GPU 16 unless its attention backend differs."""
+        if self._engine is None:
+            raise EngineUnavailable("engine is not running")
+        cache = self._engine.vllm_config.cache_config
+        if not cache.enable_prefix_caching:
+            return 1
+        return int(cache.cache_hit_alignment_tokens or cache.block_size)
+
     def stream(
         self,
         request_id: str,
-        prompt: str,
+        prompt: Sequence[int] | str,
         *,
         max_tokens: int,
         timeout_s: float,
         temperature: float | None = None,
         stop: tuple[str, ...] = (),
-    ) -> Iterator[Delta]:
+    ) -> Generator[Delta, None, None]:  # close() aborts the request
         """Generate from a worker thread, yielding text deltas as the engine produces them;
-        ``temperature`` None is the setting's, and the answer ends before any of ``stop``."""
+        ``temperature`` None is the setting's, and the answer ends before any of ``stop``.
+
+        ``prompt`` is token ids (a built prompt's, workers/generation/prompt.py), used as they
+        are; text is tokenized with its special tokens recognised, so only trusted text
+        (benchmarks, tests) is passed as text."""
         if self._engine is None or self._stopping:
             raise EngineUnavailable("engine is not running")
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            min_tokens=min(self._settings.min_new_tokens, max_tokens),
-            temperature=self._settings.temperature if temperature is None else temperature,
-            frequency_penalty=self._settings.frequency_penalty,
-            stop=list(stop) or None,
-            output_kind=RequestOutputKind.DELTA,
-        )
+        params = sampling_params(self._settings, max_tokens=max_tokens, temperature=temperature, stop=stop)
         out_q: queue.Queue[Any] = queue.Queue()
         with self._lock:
             self._open.add(out_q)
@@ -162,12 +199,23 @@ class EngineHost:
     def _cancel(self, future: Future[None]) -> None:
         self._loop.call_soon_threadsafe(future.cancel)
 
-    async def _pump(self, request_id: str, prompt: str, params: Any, out_q: queue.Queue[Any]) -> None:
+    async def _pump(
+        self, request_id: str, prompt: Sequence[int] | str, params: Any, out_q: queue.Queue[Any]
+    ) -> None:
+        from vllm.inputs import TextPrompt, TokensPrompt
         from vllm.v1.engine.exceptions import EngineDeadError
 
         completion_tokens = 0
         try:
-            async for output in self._engine.generate(prompt, params, request_id):
+            # Rendered here, as vLLM asks of its callers (a raw prompt is deprecated); ids are
+            # taken as they are, never detokenized and tokenized again.
+            raw = (
+                TextPrompt(prompt=prompt)
+                if isinstance(prompt, str)
+                else TokensPrompt(prompt_token_ids=list(prompt))
+            )
+            (engine_input,) = self._engine.renderer.render_cmpl([raw])
+            async for output in self._engine.generate(engine_input, params, request_id):
                 piece = output.outputs[0]
                 completion_tokens += len(piece.token_ids)
                 out_q.put(
@@ -177,6 +225,7 @@ class EngineHost:
                         prompt_tokens=len(output.prompt_token_ids or ()),
                         finished=output.finished,
                         finish_reason=piece.finish_reason,
+                        cached_tokens=output.num_cached_tokens or 0,
                     )
                 )
         except EngineDeadError as exc:

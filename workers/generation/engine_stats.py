@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ragline.broker import metrics
 from vllm.v1.metrics.loggers import StatLoggerBase
-
-from broker import metrics
 
 
 class PrometheusStats(StatLoggerBase):

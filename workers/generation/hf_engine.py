@@ -11,14 +11,15 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from broker import host
-from broker.settings import GenerationSettings
-from workers.generation.engine import Delta, EngineUnavailable, GenerationTimeout
+from ragline.broker.config import host
+from ragline.broker.config.settings import GenerationSettings
+from ragline.workers.generation.engine import Delta, EngineUnavailable, GenerationTimeout
+from ragline.workers.generation.engine_protocol import Engine
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class _Request:
     result: Future[Delta] = field(default_factory=Future)
 
 
-class TransformersEngine:
+class TransformersEngine(Engine):
     def __init__(self, settings: GenerationSettings, model_path: str) -> None:
         self._settings = settings
         self._model_path = model_path
@@ -118,21 +119,29 @@ class TransformersEngine:
                     ended = "length" if n >= r.max_tokens else "stop"
                     r.result.set_result(Delta(text, n, len(r.prompt_ids), True, ended))
 
+    def prefix_block_tokens(self) -> int:
+        """1: nothing of one request's KV state is kept for the next."""
+        return 1
+
     def stream(
         self,
         request_id: str,
-        prompt: str,
+        prompt: Sequence[int] | str,
         *,
         max_tokens: int,
         timeout_s: float,
         temperature: float | None = None,
         stop: tuple[str, ...] = (),
-    ) -> Iterator[Delta]:
+    ) -> Generator[Delta, None, None]:  # close() aborts the request
         """The whole answer as one delta. It decodes greedily whatever the ``temperature`` (a
-        batch shares one ``generate`` call); the answer is cut before the first of ``stop``."""
+        batch shares one ``generate`` call); the answer is cut before the first of ``stop``.
+        ``prompt`` is token ids, or trusted text (its special tokens recognised), as vLLM's."""
         if self._model is None:
             raise EngineUnavailable("engine is not running")
-        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        if isinstance(prompt, str):
+            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        else:
+            ids = list(prompt)
         request = _Request(ids, max_tokens)
         self._queue.put(request)
         try:

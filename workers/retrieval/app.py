@@ -1,4 +1,4 @@
-"""The retrieval worker: ``celery -A workers.retrieval.app:app worker -Q retrieval -P solo``.
+"""The retrieval worker: ``celery -A ragline.workers.retrieval.app:app worker -Q retrieval -P solo``.
 
 The API sends coalesced batches, so one task is many queries. The solo pool runs each batch on
 the main thread: encoding there avoids the OpenMP spin-wait penalty of a pool thread (measured
@@ -16,59 +16,58 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from typing import Any
 
 import redis
-from celery import Task, bootsteps
-from celery.signals import worker_init
+from celery import bootsteps
 from celery.worker.consumer import Consumer
-
-from broker import documents, indexes, jobs, metrics, shards
-from broker.backpressure import count_done
-from broker.cancel import is_cancelled
-from broker.celery_app import create_celery
-from broker.contract import (
-    Cancelled,
-    ContractError,
-    Error,
+from ragline.broker import metrics
+from ragline.broker.config.settings import get_settings
+from ragline.broker.contract.messages import (
     GenerateTask,
+    RetrieveRequest,
     RetrieveTask,
     SearchShardTask,
     StreamEvent,
 )
-from broker.events import EventWriter, emit_many, finished
-from broker.keys import Keys
-from broker.queues import (
+from ragline.broker.contract.queues import (
     GENERATE_TASK,
     GENERATION_QUEUE,
     RETRIEVAL_QUEUE,
     RETRIEVE_TASK,
     SEARCH_SHARD_TASK,
 )
-from broker.redis_pool import sync_client
-from broker.settings import get_settings
-from workers import heartbeat, metrics_server
-from workers.finished_streams import finished_ttl
-from workers.retrieval import index_store
-from workers.retrieval.batch import BatchRetriever, Retrieved
-from workers.retrieval.embedder import Embedder
-from workers.retrieval.embedding_cache import EmbeddingCache
-from workers.retrieval.index_store import IndexCache, UnknownIndex
-from workers.retrieval.ingest import catalog
-from workers.retrieval.rerank import reranker
-from workers.retrieval.shard_search import ShardSearch, serve
-from workers.retrieval.sharded_ingest import register_sharded
+from ragline.broker.limits.backpressure import count_done
+from ragline.broker.redis.durability import Replication
+from ragline.broker.redis.pool import sync_client
+from ragline.broker.state import documents, indexes, jobs, shards
+from ragline.broker.state.semantic_cache import SemanticStore
+from ragline.broker.streams.events import EventWriter, emit_many
+from ragline.workers.bootstrap import bootstrap
+from ragline.workers.finished_streams import finished_ttl
+from ragline.workers.hooked_task import hooked_task
+from ragline.workers.hooks import QueueWait, SkipExpired
+from ragline.workers.retrieval.batch import FAILED, BatchRetriever, Retrieved
+from ragline.workers.retrieval.batch_jobs import BatchJobs
+from ragline.workers.retrieval.embedder import Embedder
+from ragline.workers.retrieval.embedding_cache import EmbeddingCache
+from ragline.workers.retrieval.filter_rows import FilterCache
+from ragline.workers.retrieval.index_builders import HnswParams
+from ragline.workers.retrieval.index_cache import IndexCache, Loading, UnknownIndex
+from ragline.workers.retrieval.index_files import current_on_disk, shard_maps_on_disk
+from ragline.workers.retrieval.ingest import catalog
+from ragline.workers.retrieval.rerank import reranker
+from ragline.workers.retrieval.semantic_cache import SemanticCache
+from ragline.workers.retrieval.shard_search import ShardSearch, serve
+from ragline.workers.retrieval.sharded_ingest import register_sharded
+from ragline.workers.task_call import REDIS_UNREACHABLE, TaskCall
+from ragline.workers.tracing import Served, Traced
 
 log = logging.getLogger(__name__)
 settings = get_settings()
 retrieval = settings.retrieval
 streams = settings.redis
-keys = Keys(streams.key_prefix)
-app = create_celery(settings.redis)
-metrics_server.install(settings.redis)
-beat_also = heartbeat.install(
-    app, RETRIEVAL_QUEUE, settings.redis, host_defaults=settings.host_defaults_line()
-)
 # None: every shard (searched in process); empty: none; else only these, and no batches.
 held_shards = shards.parse_selection(retrieval.worker_shards)
 
@@ -79,7 +78,14 @@ _indexes: IndexCache | None = None
 def loaded_indexes() -> IndexCache:
     global _indexes
     if _indexes is None:
-        _indexes = IndexCache(sync_client(streams), keys, ef_search=retrieval.hnsw_ef_search)
+        # In the background: a batch never waits for a version to load (index_cache.py).
+        _indexes = IndexCache(
+            sync_client(streams),
+            keys,
+            ef_search=retrieval.hnsw_ef_search,
+            background=True,
+            filter_cache=FilterCache(retrieval.filter_cache_bytes),
+        )
     return _indexes
 
 
@@ -111,29 +117,57 @@ def retriever() -> BatchRetriever:
                 socket_timeout_s=streams.redis_socket_timeout_s,
                 heartbeat_ttl_s=streams.worker_heartbeat_ttl_s,
             ),
+            semantic=_semantic_cache(client, embedder.dim),
         )
     return _retriever
 
 
-@worker_init.connect(weak=False)
-def _warm_up(**_: object) -> None:
+def _semantic_cache(client: redis.Redis, dim: int) -> SemanticCache:
+    """Always there: a request says whether to look it up (the API's `semantic_cache` setting)."""
+    store = SemanticStore(
+        client,
+        keys,
+        # A miss's pending entry waits for its answer as long as the answer's stream may live.
+        pending_ttl_s=streams.event_stream_ttl_s,
+        max_memory_fraction=retrieval.cache_write_max_memory_fraction,
+    )
+    return SemanticCache(
+        store,
+        dim=dim,
+        threshold=retrieval.semantic_cache_threshold,
+        hnsw=HnswParams(retrieval.hnsw_m, retrieval.hnsw_ef_construction, retrieval.hnsw_ef_search),
+        scope_max_entries=retrieval.semantic_cache_scope_max_entries,
+        loaded_scopes=retrieval.semantic_cache_loaded_scopes,
+    )
+
+
+def _warm_up() -> None:
     client = sync_client(streams)
     # Redis may have restarted without persistence: re-register what is on disk.
-    for info in index_store.current_on_disk(settings.indexes_dir):
+    for info in current_on_disk(settings.indexes_dir):
         if indexes.lookup(client, keys, info.name) is None:
             indexes.register(client, keys, info)
         if not _holds(info.name):
             continue
-        # Load every current index now, so no first request pays for reading it from disk.
-        loaded = loaded_indexes().get(info.name)
+        # Load every current index now, so no first request waits for reading it from disk; one
+        # that will not load is left out (its requests fail, alone), not every index with it.
+        try:
+            loaded = loaded_indexes().get(info.name)
+        except Exception:
+            log.exception("index %s not loaded at start; its requests fail until it loads", info.name)
+            continue
         # A version ingested before documents were listed (GET /v1/indexes/{name}/documents).
         if not documents.listed(client, keys, info.name, loaded.info.version):
             documents.write(client, keys, info.name, loaded.info.version, catalog(loaded.chunks))
-    for shard_map in index_store.shard_maps_on_disk(settings.indexes_dir):
+    for shard_map in shard_maps_on_disk(settings.indexes_dir):
         if shards.lookup(client, keys, shard_map.index) is None:
             register_sharded(client, keys, settings.indexes_dir, shard_map)
     if not held_shards:  # a shard worker never embeds
         retriever().embed_warm_up()
+
+
+worker = bootstrap(RETRIEVAL_QUEUE, settings, init=[_warm_up])
+app, keys = worker.app, worker.keys
 
 
 class ShardWatch(bootsteps.StartStopStep):
@@ -174,14 +208,17 @@ def _serve_new_shards(consumer: Consumer) -> None:
         if consumer.task_consumer.consuming_from(queue):
             continue
         try:
-            loaded_indexes().get(shard)
+            # Loaded in a thread, not here on the consumer's loop: its queue is consumed from the
+            # first check that finds it loaded.
+            if loaded_indexes().serving(shard).loaded is None:
+                continue
         except UnknownIndex:
             continue  # its map outlived it: nothing to serve
         except Exception:
-            log.exception("could not load shard %s; tried again at the next check", shard)
+            log.exception("could not look shard %s up; tried again at the next check", shard)
             continue
         consumer.add_task_queue(queue)
-        beat_also(queue)
+        worker.heartbeat.add(queue)
         log.info("serving shard %s, registered since this worker started", shard)
 
 
@@ -205,49 +242,51 @@ def _job_writer(request_id: str, job_id: str) -> EventWriter:
         request_id,
         ttl_s=streams.event_stream_ttl_s,
         maxlen=streams.event_stream_maxlen,
-        job=jobs.tracker(client, keys, settings.jobs, job_id),
+        job=jobs.tracker(client, keys, settings.jobs, job_id, Replication.of(streams)),
         finished_ttl=finished_ttl(),
     )
 
 
-@app.task(name=RETRIEVE_TASK, bind=True)
-def retrieve(self: Task, **kwargs: Any) -> None:
-    """A batch of queries (:class:`~broker.contract.RetrieveTask`)."""
-    picked_at = time.time()
-    try:
-        requests = RetrieveTask.decode(kwargs).requests
-    except ContractError as exc:
-        # Acknowledged and dropped: a redelivery would fail the same way.
-        log.error("rejected %s task %s: %s", RETRIEVE_TASK, self.request.id, exc)
-        return
+batch_jobs = BatchJobs("retrieving", lambda: sync_client(streams), keys, _job_writer)
+# After batch_jobs (only the requests this run serves), last (its spans see the body's own error).
+traced: Traced[RetrieveTask] = Traced(
+    "ragline.retrieve",
+    lambda call: [Served(r.request_id, r.enqueued_at) for r in batch_jobs.serving(call).pending],
+    batch="ragline.retrieve.batch",
+)
+
+
+@hooked_task(
+    app,
+    RETRIEVE_TASK,
+    RetrieveTask,
+    [
+        batch_jobs,
+        QueueWait(RETRIEVAL_QUEUE, lambda call: [r.enqueued_at for r in batch_jobs.serving(call).pending]),
+        traced,
+    ],
+)
+def retrieve(call: TaskCall[RetrieveTask]) -> None:
+    """A batch of queries (:class:`~ragline.broker.contract.messages.RetrieveTask`)."""
     client = sync_client(streams)
-    # A redelivered batch (its worker died, or stopped before it ran it) skips the requests that
-    # already finished; a first delivery has none (only the API sends batches), so it spends no
-    # round trip asking. A job also moves to `retrieving` here, or is skipped if it was cancelled.
-    done: set[str] = set()
-    if (self.request.delivery_info or {}).get("redelivered"):
-        done = finished(client, keys, [r.request_id for r in requests])
-    writers = {r.request_id: _job_writer(r.request_id, r.job_id) for r in requests if r.job_id}
-    pending = [
-        r
-        for r in requests
-        if r.request_id not in done
-        and (r.request_id not in writers or writers[r.request_id].start("retrieving"))
-    ]
-    if not pending:
-        return
+    pending, writers = batch_jobs.serving(call).pending, batch_jobs.serving(call).writers
     result: Retrieved | None = None
     result_events: list[tuple[str, StreamEvent]]
     to_generate: list[GenerateTask]
     try:
-        result = retriever().run(pending, picked_at=picked_at)
-    except Exception as exc:
+        result = retriever().run(pending, picked_at=call.picked_at)
+    except REDIS_UNREACHABLE:
+        raise  # the batch goes back to its queue (hooked_task.py), none of its requests failed
+    except Exception:
+        # The batch fails request by request inside run(); this is what is left (a bug, say).
         log.exception("retrieval batch of %d failed", len(pending))
-        failed = Error(status=500, message=f"retrieval failed: {exc}")
-        result_events = [(r.request_id, failed) for r in pending]
+        result_events = [(r.request_id, FAILED) for r in pending]
         to_generate = []
     else:
         result_events, to_generate = result.events, result.to_generate
+        for waiting in result.deferred:
+            waiting.loading.when_done(partial(_send_again, waiting.requests))
+    deferred = result.deferred_requests if result is not None else 0
     # Job events go through their writer, which finishes the job atomically with its final event.
     plain = [e for e in result_events if e[0] not in writers]
     # The monitor's service rate counts the whole batch as completed retrievals.
@@ -257,18 +296,18 @@ def retrieve(self: Task, **kwargs: Any) -> None:
         plain,
         ttl_s=streams.event_stream_ttl_s,
         maxlen=streams.event_stream_maxlen,
-        completes=(RETRIEVAL_QUEUE, len(pending), time.time() - picked_at),
+        completes=(RETRIEVAL_QUEUE, len(pending) - deferred, time.time() - call.picked_at),
         finished_ttl=finished_ttl(),
     )
     for request_id, event in result_events:
         if request_id in writers:
             writers[request_id].emit(event)
     for task in to_generate:
-        if task.request_id in writers and is_cancelled(client, keys, task.request_id):
-            writers[task.request_id].emit(Cancelled())
+        if batch_jobs.stopped_for_cancel(call, task.request_id):
             continue
         sent = task.model_copy(update={"enqueued_at": time.time()})
-        app.send_task(GENERATE_TASK, kwargs=sent.encode(), queue=GENERATION_QUEUE)
+        headers = traced.headers(call, task.request_id)
+        app.send_task(GENERATE_TASK, kwargs=sent.encode(), queue=GENERATION_QUEUE, headers=headers)
     if result is not None:
         try:
             result.write_cache()
@@ -276,25 +315,37 @@ def retrieve(self: Task, **kwargs: Any) -> None:
             log.warning("embedding cache write failed", exc_info=True)
 
 
-@app.task(name=SEARCH_SHARD_TASK, bind=True)
-def search_shard(self: Task, **kwargs: Any) -> None:
-    """One shard's part of a sharded search (:class:`~broker.contract.SearchShardTask`)."""
-    picked_at = time.time()
+def _send_again(requests: list[RetrieveRequest]) -> None:
+    """Requests that waited for their index's version to load, back on the queue as a batch of
+    their own (their ``enqueued_at`` kept: the wait is theirs). Called on the loading thread."""
     try:
-        task = SearchShardTask.decode(kwargs)
-    except ContractError as exc:
-        log.error("rejected %s task %s: %s", SEARCH_SHARD_TASK, self.request.id, exc)
-        return
-    if picked_at > task.deadline:
-        # Its coordinator has answered without it (a backlog, or a redelivery after a crash).
-        log.info("skipped shard search %s of %s: past its deadline", task.search_id, task.shard)
-        return
+        app.send_task(RETRIEVE_TASK, kwargs=RetrieveTask(requests=requests).encode(), queue=RETRIEVAL_QUEUE)
+    except Exception:
+        # Their callers' deadlines end them; nothing else holds them.
+        log.exception("could not send %d requests again after their index loaded", len(requests))
+
+
+@hooked_task(
+    app,
+    SEARCH_SHARD_TASK,
+    SearchShardTask,
+    # Past its deadline its coordinator has answered without it (a backlog, or a redelivery).
+    [SkipExpired(lambda task: task.deadline)],
+)
+def search_shard(call: TaskCall[SearchShardTask]) -> None:
+    """One shard's part of a sharded search (:class:`~ragline.broker.contract.messages.SearchShardTask`)."""
+    task = call.payload
     client = sync_client(streams)
     reply = serve(task, loaded_indexes(), retrieval)
+    if isinstance(reply, Loading):
+        # Its shard's registered version is loading here: the task comes back once it is in
+        # (past its deadline, it is dropped then).
+        reply.when_done(partial(_send_shard_task, task))
+        return
     metrics.SHARD_SEARCHES.labels(task.shard, "queue").inc()
     queue = shards.shard_queue(task.shard)
     with client.pipeline(transaction=False) as pipe:
         pipe.rpush(task.reply_to, reply.encode())
         pipe.expire(task.reply_to, max(1, int(retrieval.shard_timeout_ms / 1000) + 1))
-        count_done(pipe, keys, queue, len(task.queries), time.time() - picked_at)
+        count_done(pipe, keys, queue, len(task.queries), time.time() - call.picked_at)
         pipe.execute()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import threading
 from collections.abc import Sequence
@@ -10,8 +11,9 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
+from ragline.broker.config.settings import RetrievalSettings
 
-from broker.settings import RetrievalSettings
+log = logging.getLogger(__name__)
 
 
 def embedding_model_path(settings: RetrievalSettings) -> str:
@@ -38,20 +40,27 @@ class Embedder:
     thread waits instead of every thread of the encode.
     """
 
-    def __init__(self, settings: RetrievalSettings) -> None:
+    def __init__(self, settings: RetrievalSettings, *, device: str | None = None) -> None:
+        """``device``: where to encode (None: the setting for queries, ``query_encoder_device``;
+        ingest passes ``ingest_encoder_device``)."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        # cuda:N counts the GPUs in nvidia-smi's order, as the settings chose them (torch's own
+        # default puts the fastest first).
+        os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         import torch
         from sentence_transformers import SentenceTransformer
 
-        # A setting, by default one per core this process may use (broker/host.py): a large batch
+        # A setting, by default one per core this process may use (broker/config/host.py): a large batch
         # is split across these threads, one core each.
         torch.set_num_threads(settings.torch_threads)
+        self.device = usable_device(settings.query_encoder_device if device is None else device)
         self.model_id = embedding_model_path(settings)
-        self._model = SentenceTransformer(self.model_id, device="cpu")
+        self._model = SentenceTransformer(self.model_id, device=self.device)
         # The model is called directly (see _forward), so nothing else puts it in eval mode:
         # no dropout, whatever a model's config holds.
         self._model.eval()
-        self._parts = settings.torch_threads
+        # Splitting a batch across threads is for CPU cores; a GPU takes the batch whole.
+        self._parts = settings.torch_threads if self.device == "cpu" else 1
         self._split_min = max(2, settings.embed_split_min_batch)
         self._group_size = max(1, settings.embed_group_size)
         # torch's thread count is per thread: each part's thread sets its own to one, once.
@@ -110,9 +119,27 @@ class Embedder:
             rows = torch.tensor(group)
             mask = features["attention_mask"]
             width = int(mask[rows].sum(dim=1).max()) if self._right_padded else mask.shape[1]
-            batch = {k: v[rows, :width] if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+            batch = {
+                k: v[rows, :width].to(self.device) if isinstance(v, torch.Tensor) else v
+                for k, v in features.items()
+            }
             embedded = self._model.forward(batch)["sentence_embedding"]
-            return torch.nn.functional.normalize(embedded, dim=1).numpy()
+            return torch.nn.functional.normalize(embedded, dim=1).cpu().numpy()
+
+
+def usable_device(requested: str) -> str:
+    """``requested`` ("cpu", "cuda", "cuda:N") where torch can use it, else "cpu" (logged): the
+    settings read the GPUs from the driver, and a CPU-only torch sees none."""
+    if requested in ("", "cpu"):
+        return "cpu"
+    import torch
+
+    kind, _, ordinal = requested.partition(":")
+    known = not ordinal or (ordinal.isdigit() and int(ordinal) < torch.cuda.device_count())
+    if kind == "cuda" and torch.cuda.is_available() and known:
+        return requested
+    log.warning("encoder device %r is not one torch can use here: encoding on the CPU", requested)
+    return "cpu"
 
 
 def _one_thread() -> None:

@@ -2,7 +2,7 @@
 
 Bounded by a TTL and an entry budget (least recently used out first; an entry costs about
 ``4 · dim`` bytes plus ~200 of key and index), and it gives way first near Redis' memory limit
-(``broker/memory_guard.py``): a write that is skipped costs one encode later, never an answer.
+(``broker/redis/memory_guard.py``): a write that is skipped costs one encode later, never an answer.
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 import redis
-
-from broker import metrics
-from broker.jobs import lua
-from broker.keys import Keys
-from broker.memory_guard import MemoryGuard
-from broker.settings import RetrievalSettings
+from ragline.broker import metrics
+from ragline.broker.config.settings import RetrievalSettings
+from ragline.broker.redis.keys import Keys
+from ragline.broker.redis.memory_guard import MemoryGuard
+from ragline.broker.redis.scripts import lua
 
 Encode = Callable[[Sequence[str]], np.ndarray]
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class EmbeddingCache:
         self._ttl_s = ttl_s
         self._max_entries = max_entries
         self._guard = MemoryGuard(client, "embedding", max_fraction=max_memory_fraction)
-        self._store = client.register_script(lua("bounded_cache_store"))
+        self._store = client.register_script(lua("ragline.broker.state", "bounded_cache_store"))
 
     @classmethod
     def for_settings(
@@ -76,7 +76,7 @@ class EmbeddingCache:
         if not texts:
             return np.empty((0, self._dim), dtype=np.float32), _nothing
         keys = [self._key(t) for t in texts]
-        cached = self._client.mget(keys)
+        cached = cast(list[bytes | None], self._client.mget(keys))  # not decoded: bytes
         out = np.empty((len(texts), self._dim), dtype=np.float32)
         missing = [i for i, raw in enumerate(cached) if raw is None or len(raw) != 4 * self._dim]
         hits = [keys[i] for i, raw in enumerate(cached) if raw is not None and len(raw) == 4 * self._dim]

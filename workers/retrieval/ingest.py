@@ -3,30 +3,28 @@ its lexical (BM25) index, saved and swapped together."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import faiss
 import numpy as np
+from ragline.broker.config.settings import RetrievalSettings, Settings
+from ragline.broker.contract.records import IndexInfo
+from ragline.broker.redis.keys import Keys
+from ragline.broker.redis.pool import sync_client
+from ragline.broker.state import documents, indexes, shards
+from ragline.broker.state.documents import DocumentEntry
+from ragline.workers.retrieval import index_store, ondisk
+from ragline.workers.retrieval.chunking import Chunk, ChunkShape, chunk_document
+from ragline.workers.retrieval.embedder import Embedder
+from ragline.workers.retrieval.embedding_cache import EmbeddingCache
+from ragline.workers.retrieval.lexical import LexicalIndex
+from ragline.workers.retrieval.readers import TITLE_SEPARATOR, is_supported, read_document
 from tqdm import tqdm
-
-from broker import documents, indexes, shards
-from broker.documents import DocumentEntry
-from broker.indexes import IndexInfo
-from broker.keys import Keys
-from broker.redis_pool import sync_client
-from broker.settings import RetrievalSettings, Settings
-from workers.retrieval import index_store, ondisk
-from workers.retrieval.chunking import Chunk, chunk_sections
-from workers.retrieval.embedder import Embedder
-from workers.retrieval.embedding_cache import EmbeddingCache
-from workers.retrieval.lexical import LexicalIndex
-from workers.retrieval.readers import TITLE_SEPARATOR, is_supported, read_document
 
 log = logging.getLogger(__name__)
 
@@ -56,28 +54,17 @@ def iter_files(paths: Iterable[Path]) -> Iterator[tuple[Path, str]]:
 
 
 def collect_chunks(
-    paths: Iterable[Path],
-    *,
-    chunk_words: int,
-    overlap_words: int,
-    min_words: int = 0,
-    meta: Mapping[str, str] | None = None,
+    paths: Iterable[Path], shape: ChunkShape, *, meta: Mapping[str, str] | None = None
 ) -> tuple[list[Chunk], int]:
-    """Every file's chunks, each with its metadata: ``path``, the file's front matter, ``meta``."""
+    """Every file's chunks, each with its document's metadata: the file's front matter, ``meta``
+    and ``path``. MetadataRefused (a ValueError) names a file whose metadata is past a limit."""
     chunks: list[Chunk] = []
     files = 0
     for file, relative in iter_files(paths):
         files += 1
         document = read_document(file)
         chunks.extend(
-            chunk_sections(
-                document.sections,
-                source=str(file),
-                chunk_words=chunk_words,
-                overlap_words=overlap_words,
-                min_words=min_words,
-                meta={**document.meta, **(meta or {}), "path": relative},
-            )
+            chunk_document(document, source=str(file), path=relative, metadata=meta or {}, shape=shape)
         )
     return chunks, files
 
@@ -128,17 +115,16 @@ def build_index(settings: RetrievalSettings, vectors: np.ndarray, index_type: st
         )
         return index_store.build_hnsw(vectors, params)
     if index_type in index_store.IVF_TYPES:  # ivfpq-disk: the same index, its lists moved to disk at save
-        params = index_store.IvfPqParams(
+        ivf = index_store.IvfPqParams(
             nlist=settings.ivf_nlist, pq_m=settings.ivf_pq_m, refine=settings.ivf_refine
         )
-        return index_store.build_ivfpq(vectors, params, nprobe=settings.ivf_nprobe)
+        return index_store.build_ivfpq(vectors, ivf, nprobe=settings.ivf_nprobe)
     raise ValueError(f"unknown index type {index_type!r} (hnsw, ivfpq or ivfpq-disk)")
 
 
 def document_id(chunk: Chunk) -> str:
-    """The document a chunk belongs to: its ``path`` (its file under what was ingested, or the id
-    it was uploaded with), else its source."""
-    return chunk.meta.get("path") or chunk.source
+    """The document a chunk belongs to (:attr:`Chunk.document_id`)."""
+    return chunk.document_id
 
 
 def catalog(chunks: Iterable[Chunk]) -> list[DocumentEntry]:
@@ -161,9 +147,9 @@ def record_counts(info: IndexInfo, chunks: list[Chunk]) -> IndexInfo:
     from when Redis lost the registry."""
     folder = Path(info.path)
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p.name != "meta.json")
-    info = replace(info, documents=len({document_id(c) for c in chunks}), bytes=size)
+    info = info.model_copy(update={"documents": len({document_id(c) for c in chunks}), "bytes": size})
     staged = folder / ".meta.json.tmp"
-    staged.write_text(json.dumps(asdict(info)))
+    staged.write_text(info.encode())
     os.replace(staged, folder / "meta.json")
     return info
 
@@ -184,7 +170,11 @@ def ingest(
     keys = Keys(settings.redis.key_prefix)
     if shards.lookup(client, keys, index_name) is not None:
         raise ValueError(f"index {index_name!r} is sharded: ingest it with its --shards or --shard-by")
-    builder = VersionBuilder(settings, embedder or Embedder(settings.retrieval), progress=progress)
+    builder = VersionBuilder(
+        settings,
+        embedder or Embedder(settings.retrieval, device=settings.retrieval.ingest_encoder_device),
+        progress=progress,
+    )
     report = builder.build(index_name, chunks, index_type=index_type, files=files)
     return replace(report, seconds=time.perf_counter() - started)
 
@@ -192,13 +182,7 @@ def ingest(
 def read_chunks(
     retrieval: RetrievalSettings, paths: list[Path], meta: Mapping[str, str] | None
 ) -> tuple[list[Chunk], int]:
-    chunks, files = collect_chunks(
-        paths,
-        chunk_words=retrieval.chunk_words,
-        overlap_words=retrieval.chunk_overlap_words,
-        min_words=retrieval.chunk_min_words,
-        meta=meta,
-    )
+    chunks, files = collect_chunks(paths, ChunkShape.of(retrieval), meta=meta)
     if not chunks:
         raise ValueError("no readable text found in " + ", ".join(map(str, paths)))
     return chunks, files

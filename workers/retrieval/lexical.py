@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +20,7 @@ log = logging.getLogger(__name__)
 logging.getLogger("bm25s").setLevel(logging.WARNING)
 
 
-def _tokenizer() -> object:
+def _tokenizer() -> Any:  # a bm25s Tokenizer
     import Stemmer
     from bm25s.tokenization import Tokenizer
 
@@ -27,7 +28,8 @@ def _tokenizer() -> object:
 
 
 class LexicalIndex:
-    def __init__(self, retriever: object, tokenizer: object, size: int) -> None:
+    # bm25s ships no types: its retriever and tokenizer are Any here.
+    def __init__(self, retriever: Any, tokenizer: Any, size: int) -> None:
         self._retriever = retriever
         self._tokenizer = tokenizer
         self.size = size
@@ -37,15 +39,15 @@ class LexicalIndex:
         import bm25s
 
         tokenizer = _tokenizer()
-        tokens = tokenizer.tokenize(list(texts), update_vocab=True, return_as="tuple", show_progress=False)  # type: ignore[attr-defined]
+        tokens = tokenizer.tokenize(list(texts), update_vocab=True, return_as="tuple", show_progress=False)
         retriever = bm25s.BM25()
         retriever.index(tokens, show_progress=False)
         return cls(retriever, tokenizer, len(texts))
 
     def save(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
-        self._retriever.save(str(folder), show_progress=False)  # type: ignore[attr-defined]
-        self._tokenizer.save_vocab(str(folder))  # type: ignore[attr-defined]
+        self._retriever.save(str(folder), show_progress=False)
+        self._tokenizer.save_vocab(str(folder))
 
     @classmethod
     def load(cls, folder: Path, size: int) -> LexicalIndex:
@@ -53,7 +55,7 @@ class LexicalIndex:
 
         retriever = bm25s.BM25.load(str(folder), show_progress=False)
         tokenizer = _tokenizer()
-        tokenizer.load_vocab(str(folder))  # type: ignore[attr-defined]
+        tokenizer.load_vocab(str(folder))
         return cls(retriever, tokenizer, size)
 
     def search(
@@ -64,14 +66,14 @@ class LexicalIndex:
         k = min(k, self.size)
         if not queries or k < 1:
             return [[] for _ in queries]
-        tokens = self._tokenizer.tokenize(  # type: ignore[attr-defined]
+        tokens = self._tokenizer.tokenize(
             list(queries), update_vocab=False, return_as="string", show_progress=False
         )
         mask = None
         if allowed is not None:
             mask = np.zeros(self.size, dtype=np.float32)
             mask[allowed] = 1.0
-        rows, scores = self._retriever.retrieve(  # type: ignore[attr-defined]
+        rows, scores = self._retriever.retrieve(
             tokens, k=k, show_progress=False, weight_mask=mask, n_threads=1
         )
         return [

@@ -12,8 +12,7 @@ import os
 from collections.abc import Sequence
 
 import numpy as np
-
-from broker.settings import RetrievalSettings
+from ragline.broker.config.settings import RetrievalSettings
 
 
 class Reranker:

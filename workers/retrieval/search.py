@@ -7,9 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from broker.contract import MetadataFilter, PrefixMatch
-from workers.retrieval.chunking import Chunk
+from ragline.broker.contract.messages import MetadataFilter, PrefixMatch
+from ragline.workers.retrieval.chunking import Chunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +26,8 @@ def search_depth(candidates: int, top_k: int) -> int:
     return max(candidates, 2 * top_k)
 
 
-def _value(chunk: Chunk, key: str) -> str | None:
+def field_value(chunk: Chunk, key: str) -> str | None:
+    """What a filter on ``key`` compares: the chunk's title path, or its metadata value."""
     if key == "title":
         return chunk.title
     return chunk.meta.get(key)
@@ -35,7 +35,7 @@ def _value(chunk: Chunk, key: str) -> str | None:
 
 def matches(chunk: Chunk, flt: MetadataFilter) -> bool:
     for key, wanted in flt.items():
-        value = _value(chunk, key)
+        value = field_value(chunk, key)
         if value is None:
             return False
         if isinstance(wanted, PrefixMatch):
@@ -50,6 +50,7 @@ def matches(chunk: Chunk, flt: MetadataFilter) -> bool:
 
 
 def allowed_rows(chunks: Sequence[Chunk], flt: MetadataFilter) -> np.ndarray:
+    """The rows ``flt`` lets through, chunk by chunk: what ``filter_rows`` computes from columns."""
     return np.fromiter((i for i, c in enumerate(chunks) if matches(c, flt)), dtype=np.int64)
 
 

@@ -1,7 +1,8 @@
 """Searching one loaded index for a group of queries, and scatter-gather over a sharded index.
 
 A batch's worker embeds its queries once. For a sharded index it searches the shards it holds
-itself and sends one :class:`~broker.contract.SearchShardTask` (vectors included) to each other
+itself and sends one :class:`~ragline.broker.contract.messages.SearchShardTask` (vectors
+included) to each other
 shard's queue; the replies come back on one Redis list, read with a deadline. Each query's
 candidates from every shard are merged by score into one list as deep as an unsharded search's,
 so the ranking after it (reranker, diversity) is the one an unsharded index gets. A shard that
@@ -19,9 +20,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import redis
-
-from broker import indexes, liveness, metrics, shards
-from broker.contract import (
+from ragline.broker import metrics
+from ragline.broker.config.settings import RetrievalSettings
+from ragline.broker.contract.messages import (
     ContractError,
     MetadataFilter,
     SearchShardTask,
@@ -29,15 +30,15 @@ from broker.contract import (
     ShardHit,
     ShardQuery,
     ShardReply,
-    filter_key,
 )
-from broker.indexes import IndexInfo
-from broker.keys import Keys
-from broker.settings import RetrievalSettings
-from workers.retrieval.chunking import Chunk
-from workers.retrieval.index_store import IndexCache, LoadedIndex, SearchKnobs, UnknownIndex
-from workers.retrieval.lexical import LexicalIndex
-from workers.retrieval.search import Candidate, allowed_rows, fuse
+from ragline.broker.contract.records import IndexInfo
+from ragline.broker.redis.keys import Keys
+from ragline.broker.state import indexes, liveness, shards
+from ragline.workers.retrieval.chunking import Chunk
+from ragline.workers.retrieval.index_cache import IndexCache, Loading, UnknownIndex
+from ragline.workers.retrieval.lexical import LexicalIndex
+from ragline.workers.retrieval.loaded_index import LoadedIndex, SearchKnobs
+from ragline.workers.retrieval.search import Candidate, fuse
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def search_loaded(
 ) -> dict[QueryKey, list[Candidate]]:
     """One dense search for the dense and hybrid queries, one lexical search for the lexical and
     hybrid ones, ``depth`` deep; each query's candidates, best first."""
-    allowed = loaded.allowed(filter_key(flt), lambda chunks: allowed_rows(chunks, flt)) if flt else None
+    allowed = loaded.filter_rows(flt) if flt else None
     dense_q = sorted({q for q, mode in queries if mode != "lexical"})
     lexical_q = sorted({q for q, mode in queries if mode != "dense"})
     dense: dict[str, list[tuple[int, float]]] = {}
@@ -96,12 +97,21 @@ def _lexical(loaded: LoadedIndex) -> LexicalIndex:
 # -- a shard worker's side ------------------------------------------------------------------------
 
 
-def serve(task: SearchShardTask, indexes_: IndexCache, settings: RetrievalSettings) -> ShardReply:
-    """One shard's answer to a shard task (an error reply when it cannot search)."""
+def serve(task: SearchShardTask, indexes_: IndexCache, settings: RetrievalSettings) -> ShardReply | Loading:
+    """One shard's answer to a shard task (an error reply when it cannot search), or the load
+    it waits for: a registered version of the shard not loaded yet is loaded beside the one
+    served, and the task waits for it outside this worker's tasks (sent again once it is in; its
+    coordinator's deadline still bounds the wait), as the shard would be searched in process."""
     try:
-        loaded = indexes_.get(task.shard)
+        serving = indexes_.serving(task.shard)
     except UnknownIndex:
         return ShardReply(search_id=task.search_id, shard=task.shard, error=f"unknown shard {task.shard!r}")
+    if serving.loading is not None and serving.must_wait(serving.loading.version):
+        return serving.loading
+    loaded = serving.loaded
+    if loaded is None:
+        error = f"shard {task.shard!r} could not be loaded"
+        return ShardReply(search_id=task.search_id, shard=task.shard, error=error)
     vectors = {q.query: np.asarray(q.vector, dtype=np.float32) for q in task.queries if q.vector is not None}
     keys = [(q.query, q.mode) for q in task.queries]
     knobs = SearchKnobs(
@@ -138,6 +148,16 @@ def _chunk(shipped: ShardChunk) -> Chunk:
 # -- the coordinator's side -----------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Sharded:
+    """A sharded index as the registry has it: its map, its logical entry, and the version of
+    each of its shards (what an answer must come from to be the logical version's)."""
+
+    shard_map: shards.ShardMap
+    info: IndexInfo
+    versions: dict[str, str]
+
+
 @dataclass(slots=True)
 class Gathered:
     """One group's merged search over a sharded index: candidates' rows index ``chunks``."""
@@ -146,6 +166,9 @@ class Gathered:
     chunks: list[Chunk] = field(default_factory=list)
     candidates: dict[QueryKey, list[Candidate]] = field(default_factory=dict)
     missing: tuple[str, ...] = ()
+    # Some shard answered from another version than the registered one (a new one still loading
+    # beside it): the answer is not the logical version's, so it must not be cached as it.
+    stale: bool = False
 
 
 class ShardSearch:
@@ -178,14 +201,14 @@ class ShardSearch:
         # A blocking read waits at most this long per call: under the client's socket timeout.
         self._max_block_s = max(0.1, socket_timeout_s - 1.0)
         self._recheck_s = recheck_s
-        self._maps: dict[str, tuple[float, tuple[shards.ShardMap, IndexInfo] | None]] = {}
+        self._maps: dict[str, tuple[float, Sharded | None]] = {}
         self._heartbeat_ttl_s = heartbeat_ttl_s
         self._live_recheck_s = live_recheck_s
         # Shard -> (when read, whether a live worker consumes its queue).
         self._live: dict[str, tuple[float, bool]] = {}
 
-    def sharded(self, index: str, *, version: str | None = None) -> tuple[shards.ShardMap, IndexInfo] | None:
-        """``index``'s shard map and logical entry, or None for a plain (or unknown) index;
+    def sharded(self, index: str, *, version: str | None = None) -> Sharded | None:
+        """``index``'s shard map, logical entry and shard versions, or None for a plain (or unknown) index;
         rechecked at most every ``recheck_s``, so a plain index costs no round trip per batch, and
         at once when ``version`` (what the API saw) is not the cached one: an upload that made a
         shard must not be answered, and cached, from the shards before it."""
@@ -195,32 +218,46 @@ class ShardSearch:
             version is not None
             and cached is not None
             and cached[1] is not None
-            and cached[1][1].version != version
+            and cached[1].info.version != version
         )
         if cached is not None and now - cached[0] < self._recheck_s and not stale:
             return cached[1]
-        found: tuple[shards.ShardMap, IndexInfo] | None = None
+        found: Sharded | None = None
         shard_map = shards.lookup(self._client, self._keys, index)
         if shard_map is not None:
-            info = indexes.lookup(self._client, self._keys, index)
+            info, *parts = indexes.lookup_many(self._client, self._keys, [index, *shard_map.shards])
             if info is not None and info.index_type == shards.SHARDED_TYPE:
-                found = (shard_map, info)
+                versions = {p.name: p.version for p in parts if p is not None}
+                found = Sharded(shard_map, info, versions)
         self._maps[index] = (now, found)
         return found
 
     def search(
         self,
-        sharded: tuple[shards.ShardMap, IndexInfo],
+        sharded: Sharded,
         queries: Sequence[QueryKey],
         vector_of: Callable[[str], np.ndarray],
         depth: int,
         knobs: SearchKnobs,
         flt: MetadataFilter | None,
-    ) -> Gathered:
-        shard_map, info = sharded
-        targets = shard_map.route(flt)
+    ) -> Gathered | Loading:
+        """The group's merged search, or the load of a shard held here that it waits for (a
+        registered version not loaded yet): the group then waits outside the batch, as one on a
+        plain index does, and nothing is sent to the other shards."""
+        info = sharded.info
+        targets = sharded.shard_map.route(flt)
         local = [s for s in targets if self._held is None or s in self._held]
         remote = [s for s in targets if s not in local]
+        loaded_here: dict[str, LoadedIndex | None] = {}
+        for shard in local:
+            version = sharded.versions.get(shard)
+            try:
+                serving = self._indexes.serving(shard, version=version)
+            except UnknownIndex:
+                continue
+            if serving.loading is not None and serving.must_wait(version):
+                return serving.loading
+            loaded_here[shard] = serving.loaded
         distinct = list(dict.fromkeys(queries))
         replies: dict[str, list[list[tuple[Chunk, float, float | None]]]] = {}
         errors: dict[str, str] = {}
@@ -238,7 +275,7 @@ class ShardSearch:
         reply_to = self._keys.shard_reply(search_id)
         if remote:
             shipped = [
-                ShardQuery(query=q, mode=mode, vector=None if mode == "lexical" else vector_of(q).tolist())  # type: ignore[arg-type]
+                ShardQuery(query=q, mode=mode, vector=None if mode == "lexical" else vector_of(q).tolist())  # type: ignore[arg-type]  # mode: a RetrievalMode
                 for q, mode in distinct
             ]
             for shard in remote:
@@ -255,25 +292,32 @@ class ShardSearch:
                         deadline=deadline,
                     )
                 )
+        # Each shard's version that answered, to compare with the registered ones.
+        answered: dict[str, str] = {}
         # The shards held here are searched while the others work on theirs.
         for shard in local:
-            try:
-                loaded = self._indexes.get(shard)
-            except UnknownIndex:
+            if shard not in loaded_here:
                 errors[shard] = "unknown shard"
+                continue
+            loaded = loaded_here[shard]
+            if loaded is None:
+                errors[shard] = "could not be loaded"
                 continue
             found = search_loaded(loaded, distinct, vector_of, depth, knobs, flt, self._settings)
             replies[shard] = [[(loaded.chunks[c.row], c.score, c.dense) for c in found[k]] for k in distinct]
+            answered[shard] = loaded.info.version
             metrics.SHARD_SEARCHES.labels(shard, "local").inc()
         if remote:
-            self._gather(reply_to, search_id, set(remote), deadline, distinct, replies, errors)
+            self._gather(reply_to, search_id, set(remote), deadline, distinct, replies, errors, answered)
         missing = tuple(s for s in targets if s not in replies)
         for shard in missing:
             metrics.SHARD_MISSING.labels(shard).inc()
             log.warning(
                 "shard %s left out of a search of %s: %s", shard, info.name, errors.get(shard, "timeout")
             )
-        return _merge(info, targets, replies, distinct, depth, missing)
+        gathered = _merge(info, targets, replies, distinct, depth, missing)
+        gathered.stale = any(sharded.versions.get(s) != v for s, v in answered.items())
+        return gathered
 
     def _without_worker(self, remote: Sequence[str]) -> set[str]:
         """The shards among ``remote`` whose queue has no fresh heartbeat; those not read within
@@ -301,6 +345,7 @@ class ShardSearch:
         distinct: list[QueryKey],
         replies: dict[str, list[list[tuple[Chunk, float, float | None]]]],
         errors: dict[str, str],
+        answered: dict[str, str],
     ) -> None:
         try:
             while waiting:
@@ -324,6 +369,7 @@ class ShardSearch:
                 replies[reply.shard] = [
                     [(_chunk(h.chunk), h.score, h.dense) for h in row] for row in reply.hits
                 ]
+                answered[reply.shard] = reply.version or ""
         finally:
             # Replies that come after the deadline have nobody to read them.
             self._client.delete(reply_to)

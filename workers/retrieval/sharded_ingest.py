@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-
-from broker import indexes, shards
-from broker.indexes import IndexInfo
-from broker.keys import Keys
-from broker.settings import Settings
-from workers.retrieval import index_store
-from workers.retrieval.chunking import Chunk
-from workers.retrieval.embedder import Embedder
-from workers.retrieval.ingest import IngestReport, VersionBuilder, document_id, read_chunks
+from ragline.broker.config.settings import Settings
+from ragline.broker.contract.records import IndexInfo
+from ragline.broker.redis.keys import Keys
+from ragline.broker.redis.pool import sync_client
+from ragline.broker.state import indexes, shards
+from ragline.workers.retrieval import index_store
+from ragline.workers.retrieval.chunking import Chunk
+from ragline.workers.retrieval.embedder import Embedder
+from ragline.workers.retrieval.ingest import IngestReport, VersionBuilder, document_id, read_chunks
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,12 +112,22 @@ def ingest_sharded(
         raise ValueError("shard by hash (a count) or by a metadata field, one of them")
     if count is not None and count < 1:
         raise ValueError("a sharded index has at least one shard")
+    limit = settings.retrieval.max_shards_per_index
+    if count is not None:
+        shards.check_shard_count(index_name, (), map(str, range(count)), limit=limit)
     started = time.perf_counter()
     shards.check_logical_name(index_name)
     chunks, files = read_chunks(settings.retrieval, paths, meta)
     parts = split(chunks, index=index_name, count=count, shard_by=shard_by)
-    builder = VersionBuilder(settings, embedder or Embedder(settings.retrieval), progress=progress)
-    current = planned_map(builder.client, builder.keys, index_name, count=count, shard_by=shard_by)
+    # Refused before the encoder is loaded and anything is embedded or written.
+    client, keys = sync_client(settings.redis), Keys(settings.redis.key_prefix)
+    current = planned_map(client, keys, index_name, count=count, shard_by=shard_by)
+    shards.check_shard_count(index_name, current.keys if current else (), parts, limit=limit)
+    builder = VersionBuilder(
+        settings,
+        embedder or Embedder(settings.retrieval, device=settings.retrieval.ingest_encoder_device),
+        progress=progress,
+    )
     built: dict[str, IngestReport] = {}
     for key in sorted(parts, key=key_order):
         shard = shards.shard_index(index_name, key)

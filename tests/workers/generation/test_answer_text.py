@@ -1,8 +1,7 @@
 from __future__ import annotations
 
 import pytest
-
-from workers.generation.answer_text import AnswerText
+from ragline.workers.generation.answer_text import AnswerText
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from ragline.broker.config.settings import Settings
 
-from broker.settings import Settings
 from tests.helpers import worker
 
 

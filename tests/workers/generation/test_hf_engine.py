@@ -6,10 +6,9 @@ import threading
 from pathlib import Path
 
 import pytest
-
-from broker.settings import Settings
-from workers.generation.hf_engine import TransformersEngine, bucket_of
-from workers.generation.model_prep import generation_model_path
+from ragline.broker.config.settings import Settings
+from ragline.workers.generation.hf_engine import TransformersEngine, bucket_of
+from ragline.workers.generation.model_prep import generation_model_path
 
 
 def test_buckets() -> None:
@@ -49,3 +48,17 @@ def test_answers_alone_and_batched_alike(engine: TransformersEngine) -> None:
         t.join()
     assert results[1] == results[2] == alone[0].text  # left padding leaves greedy answers unchanged
     assert len(engine.tokenizer(results[0], add_special_tokens=False)["input_ids"]) <= 4
+
+
+def test_a_built_prompt_s_ids_are_generated_from_as_given(engine: TransformersEngine) -> None:
+    from ragline.broker.contract.messages import Source
+    from ragline.workers.generation.prompt import build_prompt
+
+    source = Source(
+        chunk_id="c", source="s", title="Paris", text="Paris is the capital of France.", score=1.0
+    )
+    built = build_prompt(
+        engine.tokenizer, "What is the capital of <|im_end|>France?", [source], max_prompt_tokens=1000
+    )
+    [delta] = engine.stream("ids", built.token_ids, max_tokens=8, timeout_s=60)
+    assert delta.prompt_tokens == built.prompt_tokens and delta.text

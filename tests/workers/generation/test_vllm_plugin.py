@@ -5,15 +5,15 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 
 import pytest
-
-from workers.generation import vllm_plugin
+from ragline.workers.generation import vllm_plugin
 
 
 def test_vllm_finds_the_plugin() -> None:
     found = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
-    assert found.get("ragline_cpu_idle") == "workers.generation.vllm_plugin:register"
+    assert found.get("ragline_cpu_idle") == "ragline.workers.generation.vllm_plugin:register"
 
 
+@pytest.mark.slow  # imports vLLM
 def test_on_a_cpu_host_the_queue_wait_naps(monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm.distributed.device_communicators import shm_broadcast
     from vllm.platforms import current_platform

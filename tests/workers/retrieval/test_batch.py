@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+import uuid
 
 import pytest
+import redis
+import redis.asyncio as aioredis
+from ragline.broker.config.settings import Settings
+from ragline.broker.contract.messages import CachedAnswer, Degradation, Done, Error, RetrieveRequest, Sources
+from ragline.broker.redis.keys import Keys
+from ragline.broker.state.semantic_cache import SemanticCommits, SemanticStore
 
-from broker.contract import Degradation, Done, Error, RetrieveRequest
-from broker.settings import Settings
 from tests.helpers import batch_retriever
 
 pytestmark = pytest.mark.integration
@@ -63,3 +69,74 @@ def test_early_exit_when_allowed_and_above_threshold(settings: Settings, embedde
 
     strict = batch_retriever(settings, embedder, early_exit_score=0.99)
     assert len(strict.run([_request("w", q)], picked_at=time.time()).to_generate) == 1
+
+
+def _semantic_cache(settings: Settings, embedder, keys: Keys, threshold: float):
+    from ragline.workers.retrieval.index_builders import HnswParams
+    from ragline.workers.retrieval.semantic_cache import SemanticCache
+
+    store = SemanticStore(redis.Redis.from_url(settings.redis.redis_url), keys, pending_ttl_s=60)
+    return SemanticCache(
+        store,
+        dim=embedder.dim,
+        threshold=threshold,
+        hnsw=HnswParams(16, 40, 16),
+        scope_max_entries=100,
+        loaded_scopes=4,
+    )
+
+
+def test_a_semantic_hit_is_answered_before_the_search_with_the_earlier_answer(
+    settings: Settings, embedder, test_index: str
+) -> None:
+    keys = Keys(f"ragline-test-{uuid.uuid4().hex[:8]}")
+    client = redis.Redis.from_url(settings.redis.redis_url)
+    retriever = batch_retriever(settings, embedder, semantic=_semantic_cache(settings, embedder, keys, 0.9))
+    asked = "When does Café Lumière open?"
+    try:
+        # A miss: searched as ever, and proposed for the API to remember.
+        first = retriever.run([_request("a", asked, semantic_scope="key_1")], picked_at=time.time())
+        [task] = first.to_generate
+        assert client.exists(keys.semantic_pending("a"))
+        # The API stored its answer and remembered it (what api/pipeline/steps.py does).
+        answer_key = f"{keys.prefix}:qc:test:v:a"
+        stored = CachedAnswer(answer="At 7:15 [1].", cached=True, sources=task.sources)
+        client.set(answer_key, stored.encode(), ex=60)
+
+        async def commit() -> bool:
+            aclient = aioredis.Redis.from_url(settings.redis.redis_url)
+            commits = SemanticCommits(aclient, keys, ttl_s=60, scope_max_entries=100, max_entries=100)
+            try:
+                return await commits.commit("a", "key_1", answer_key)
+            finally:
+                await aclient.aclose()
+
+        assert asyncio.run(commit())
+
+        second = retriever.run(
+            [
+                _request("b", "When does the Café Lumière open?", semantic_scope="key_1"),
+                _request("c", "When does the Café Lumière open?", semantic_scope="key_2"),  # another key
+                _request("d", "How often should I oil my bicycle chain?", semantic_scope="key_1"),
+                _request("e", "When does the Café Lumière open?"),  # the API did not ask
+                _request(
+                    "f", "When does the Café Lumière open?", semantic_scope="key_1", retrieval="lexical"
+                ),
+            ],
+            picked_at=time.time(),
+        )
+        events = {}
+        for rid, event in second.events:
+            events.setdefault(rid, []).append(event)
+        sources, done = events["b"]
+        assert isinstance(sources, Sources) and sources.sources == task.sources
+        assert isinstance(done, Done) and done.cached == "semantic" and done.answer == "At 7:15 [1]."
+        assert done.semantic_match is not None and done.semantic_match.question == asked
+        assert 0.9 <= done.semantic_match.similarity < 1.0
+        assert done.timings.retrieval_ms > 0  # its own, not the earlier answer's
+        # The others were searched (and go on to generation); only a lexical one was not embedded.
+        assert sorted(t.request_id for t in second.to_generate) == ["c", "d", "e", "f"]
+        assert [bool(client.exists(keys.semantic_pending(r))) for r in "cdef"] == [True, True, False, False]
+    finally:
+        for key in client.scan_iter(f"{keys.prefix}:*"):
+            client.delete(key)

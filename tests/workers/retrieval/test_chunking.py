@@ -4,9 +4,11 @@ import hashlib
 from pathlib import Path
 
 import pytest
-
-from workers.retrieval.chunking import Chunk, chunk_sections
-from workers.retrieval.readers import Block, Section, read_sections, slug
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from ragline.broker.config.settings import RetrievalSettings
+from ragline.workers.retrieval.chunking import Chunk, chunk_sections
+from ragline.workers.retrieval.readers import TITLE_SEPARATOR, Block, Section, read_sections, slug
 
 DATA = Path(__file__).parent / "data"
 
@@ -194,3 +196,105 @@ def test_real_rst_chunks_follow_its_sections() -> None:
     # rmtree's prose fills its first chunk; its code example is whole in the second.
     assert chunks[3].text.endswith('import shutil\n\nshutil.rmtree("build")')
     assert all(c.meta == {"path": "shutil.rst"} and c.embed_text.startswith(c.title + "\n") for c in chunks)
+
+
+# -- sizes bounded whatever the text (issue 32) ----------------------------------------------------
+
+DEFAULTS = RetrievalSettings()
+
+
+def test_a_word_longer_than_the_cap_is_cut_into_chunks_within_it() -> None:
+    # One "word" (no spaces) is one word to the chunker: it used to become one chunk of any size.
+    word = "x" * 300_011
+    chunks = chunk_sections([_section("T", word)], source="s", chunk_words=200, overlap_words=40)
+    cap = DEFAULTS.chunk_max_chars
+    assert chunks and all(len(c.text) <= cap for c in chunks)
+    assert "".join(c.text for c in chunks) == word
+
+
+def test_prose_and_code_past_the_cap_are_cut_between_words_and_lines() -> None:
+    prose = " ".join(["abcdefghi"] * 30)  # 299 characters, 30 words
+    code = "\n".join([f"line_{i:03d} = {i}" for i in range(30)])
+    chunks = chunk_sections(
+        [_section("T", prose, code, code=(1,))], source="s", chunk_words=200, overlap_words=0, max_chars=50
+    )
+    assert all(len(c.text) <= 50 for c in chunks)
+    # Cut between words and between lines: no word and no line is broken.
+    assert all(w == "abcdefghi" for c in chunks if not c.text.startswith("line_") for w in c.text.split())
+    lines = [line for c in chunks if c.text.startswith("line_") for line in c.text.split("\n")]
+    assert lines == code.split("\n")
+
+
+def test_short_descriptions_share_a_chunk_only_within_the_cap() -> None:
+    sections = [_section(f"d{i}", "y" * 30, description=True) for i in range(4)]
+    chunks = chunk_sections(
+        sections, source="s", chunk_words=100, overlap_words=0, min_words=30, max_chars=80
+    )
+    assert all(len(c.text) <= 80 for c in chunks) and len(chunks) == 2
+    # One over the cap on its own is cut as any long section is, not joined to the others.
+    sections.insert(1, _section("long", "z" * 200, description=True))
+    chunks = chunk_sections(
+        sections, source="s", chunk_words=100, overlap_words=0, min_words=30, max_chars=80
+    )
+    assert all(len(c.text) <= 80 for c in chunks)
+    assert "".join(c.text for c in chunks if c.title == "long") == "z" * 200
+
+
+_TEXT = st.text(alphabet=st.sampled_from("ab \n\u4e2d"), max_size=400)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    blocks=st.lists(st.tuples(_TEXT, st.booleans()), min_size=1, max_size=6),
+    max_chars=st.integers(1, 120),
+    chunk_words=st.integers(1, 40),
+)
+def test_no_chunk_is_longer_than_the_cap_and_nothing_is_lost(
+    blocks: list[tuple[str, bool]], max_chars: int, chunk_words: int
+) -> None:
+    section = Section(("T",), "t", tuple(Block(t, code=c) for t, c in blocks if t.strip()))
+    chunks = chunk_sections(
+        [section], source="s", chunk_words=chunk_words, overlap_words=0, max_chars=max_chars
+    )
+    assert all(len(c.text) <= max_chars for c in chunks)
+    # No overlap asked: every character but spacing comes out once, in order.
+    assert "".join("".join(c.text.split()) for c in chunks) == "".join(
+        "".join(b.text.split()) for b in section.blocks
+    )
+
+
+def test_a_long_heading_is_capped_in_the_title_and_its_anchor() -> None:
+    heading = "H" * 16_384
+    chunks = chunk_sections(
+        [_section(heading, _words(50))], source="s", chunk_words=10, overlap_words=0, title_max_chars=40
+    )
+    assert len(chunks) == 5
+    assert all(c.title == "H" * 39 + "…" and len(c.anchor) == 40 for c in chunks)
+    # What is embedded is the capped title.
+    assert all(len(c.embed_text) <= 40 + 1 + len(c.text) for c in chunks)
+
+
+def test_a_long_title_path_drops_its_outer_headings_first() -> None:
+    path = tuple(f"level {i} " + "w" * 20 for i in range(10))  # 28 characters each
+    section = Section(path, "leaf", (Block("text"),))
+    [chunk] = chunk_sections(
+        [section], source="s", chunk_words=10, overlap_words=0, title_max_chars=30, title_path_max_chars=90
+    )
+    assert len(chunk.title) <= 90
+    assert chunk.title.startswith("… › ") and chunk.title.endswith(path[-1])
+    # "… › " and three headings with their separators would be 94 characters: two fit.
+    assert chunk.title == TITLE_SEPARATOR.join(["…", *path[-2:]])
+
+
+def test_the_default_title_caps_hold() -> None:
+    section = Section(tuple("t" * 5000 for _ in range(20)), "a", (Block("text"),))
+    [chunk] = chunk_sections([section], source="s", chunk_words=10, overlap_words=0)
+    assert len(chunk.title) <= DEFAULTS.title_path_max_chars
+    assert len(chunk.anchor) <= DEFAULTS.title_max_chars
+
+
+def test_every_chunk_of_a_document_shares_one_metadata_mapping() -> None:
+    chunks = chunk_sections(
+        [_section("T", _words(50))], source="s", chunk_words=10, overlap_words=0, meta={"team": "x" * 1000}
+    )
+    assert len(chunks) == 5 and len({id(c.meta) for c in chunks}) == 1

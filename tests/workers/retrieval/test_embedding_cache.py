@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import redis
 from prometheus_client import REGISTRY
+from ragline.broker.redis.keys import Keys
+from ragline.workers.retrieval.embedding_cache import EmbeddingCache
 
-from broker.keys import Keys
 from tests.helpers import fill_to, redis_server
-from workers.retrieval.embedding_cache import EmbeddingCache
 
 
 def test_only_misses_are_encoded(redis_url: str) -> None:
@@ -55,6 +55,7 @@ def test_the_cache_keeps_within_its_entry_budget(redis_url: str) -> None:
     assert client.ttl(keys.embedding_lru) > 0
 
 
+@pytest.mark.redis  # a redis-server of its own
 def test_near_the_memory_limit_writes_are_dropped_first(tmp_path: Path) -> None:
     """A Redis at 3/4 of its maxmemory: the cache answers, writes nothing and counts what it
     dropped, so the memory left is the queues', the door's and the jobs'."""
@@ -68,6 +69,7 @@ def test_near_the_memory_limit_writes_are_dropped_first(tmp_path: Path) -> None:
         assert _cached(client, keys) == 0 and _dropped("memory") == before + 2
 
 
+@pytest.mark.redis  # a redis-server of its own
 def test_an_out_of_memory_redis_never_fails_the_encode(tmp_path: Path) -> None:
     with redis_server(tmp_path, maxmemory="8mb") as client:
         fill_to(client, 1.0)

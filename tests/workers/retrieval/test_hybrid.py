@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 import redis
+from ragline.broker.config.settings import Settings
+from ragline.broker.contract.messages import PrefixMatch, RetrieveRequest, Source, Sources
+from ragline.broker.redis.keys import Keys
+from ragline.workers.retrieval import index_store
+from ragline.workers.retrieval.batch import BatchRetriever
+from ragline.workers.retrieval.embedding_cache import EmbeddingCache
+from ragline.workers.retrieval.index_store import IndexCache
+from ragline.workers.retrieval.ingest import ingest
 
-from broker.contract import PrefixMatch, RetrieveRequest, Source, Sources
-from broker.keys import Keys
-from broker.settings import Settings
 from tests.helpers import batch_retriever
-from workers.retrieval import index_store
-from workers.retrieval.batch import BatchRetriever
-from workers.retrieval.embedding_cache import EmbeddingCache
-from workers.retrieval.index_store import IndexCache
-from workers.retrieval.ingest import ingest
 
 pytestmark = pytest.mark.integration
 
@@ -136,8 +136,8 @@ def test_the_reranking_stage_reorders_the_first_candidates(
     """A real CrossEncoder loaded from a local folder: the packaged MiniLM with a fresh scoring
     head (no cross-encoder's weights install from a registry), so its order means nothing, but
     the stage's loading, its one call per batch and its reordering are the ones a trained model gets."""
-    from workers.retrieval.embedder import embedding_model_path
-    from workers.retrieval.rerank import Reranker
+    from ragline.workers.retrieval.embedder import embedding_model_path
+    from ragline.workers.retrieval.rerank import Reranker
 
     reranker = Reranker(embedding_model_path(settings.retrieval), threads=1)
     s = settings.replace(reranker_candidates=4)

@@ -4,18 +4,16 @@ efSearch are honoured."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import replace
 from pathlib import Path
 
 import faiss
 import numpy as np
 import pytest
-
-from broker.indexes import IndexInfo
-from broker.settings import Settings
-from workers.retrieval import index_store, ondisk
-from workers.retrieval.chunking import Chunk
-from workers.retrieval.embedder import Embedder
+from ragline.broker.config.settings import Settings
+from ragline.broker.contract.records import IndexInfo
+from ragline.workers.retrieval import index_store, loaded_index, ondisk
+from ragline.workers.retrieval.chunking import Chunk
+from ragline.workers.retrieval.embedder import Embedder
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +25,14 @@ def data() -> tuple[np.ndarray, list[Chunk]]:
     return x, [Chunk(f"c{i}", "s", "t", "x") for i in range(len(x))]
 
 
+@pytest.mark.model  # builds FAISS indexes
 @pytest.mark.parametrize("refine", ["sq8", "flat"])
 def test_ivfpq_refine_recall(data: tuple[np.ndarray, list[Chunk]], refine: str) -> None:
     x, chunks = data
     index = index_store.build_ivfpq(x, index_store.IvfPqParams(nlist=0, pq_m=8, refine=refine), nprobe=8)
-    loaded = index_store.LoadedIndex(IndexInfo("n", "v", "/p", len(x), 32, "ivfpq"), index, chunks)
+    loaded = index_store.LoadedIndex(
+        IndexInfo(name="n", version="v", path="/p", chunks=len(x), dim=32, index_type="ivfpq"), index, chunks
+    )
     hits = loaded.search(x[:50], 1, index_store.SearchKnobs(nprobe=16, refine_k_factor=16))
     # a sanity bound on toy data; bench/retrieval.py measures recall on the real corpus
     assert sum(h[0][0].chunk_id == f"c{i}" for i, h in enumerate(hits)) >= 43
@@ -45,15 +46,19 @@ def test_spec_adapts_to_small_corpora() -> None:
         index_store.ivfpq_spec(1000, 384, index_store.IvfPqParams(nlist=0, pq_m=50, refine="sq8"))
 
 
+@pytest.mark.model  # builds FAISS indexes
 def test_hnsw_ef_search_per_query(data: tuple[np.ndarray, list[Chunk]]) -> None:
     x, chunks = data
     index = index_store.build_hnsw(x, index_store.HnswParams(16, 40, 16))
-    loaded = index_store.LoadedIndex(IndexInfo("n", "v", "/p", len(x), 32), index, chunks)
+    loaded = index_store.LoadedIndex(
+        IndexInfo(name="n", version="v", path="/p", chunks=len(x), dim=32), index, chunks
+    )
     low = loaded.search(x[:20], 10, index_store.SearchKnobs(ef_search=10))
     high = loaded.search(x[:20], 10, index_store.SearchKnobs(ef_search=200))
     assert len(low[0]) == len(high[0]) == 10
 
 
+@pytest.mark.model  # builds FAISS indexes
 @pytest.mark.parametrize("index_type", ["hnsw", "hnsw-selector", "ivfpq"])
 def test_filtered_search_is_exact_in_count(
     data: tuple[np.ndarray, list[Chunk]], index_type: str, monkeypatch: pytest.MonkeyPatch
@@ -61,13 +66,17 @@ def test_filtered_search_is_exact_in_count(
     """However few rows a filter lets through, a search returns min(k, rows) of them, best first."""
     x, chunks = data
     if index_type == "hnsw-selector":  # the graph with an ID selector, as for broad filters
-        monkeypatch.setattr(index_store, "EXACT_FILTER_MAX_ROWS", 0)
+        monkeypatch.setattr(loaded_index, "EXACT_FILTER_MAX_ROWS", 0)
         index_type = "hnsw"
     if index_type == "hnsw":
         index = index_store.build_hnsw(x, index_store.HnswParams(16, 40, 16))
     else:
         index = index_store.build_ivfpq(x, index_store.IvfPqParams(nlist=0, pq_m=8, refine="flat"), nprobe=1)
-    loaded = index_store.LoadedIndex(IndexInfo("n", "v", "/p", len(x), 32, index_type), index, chunks)
+    loaded = index_store.LoadedIndex(
+        IndexInfo(name="n", version="v", path="/p", chunks=len(x), dim=32, index_type=index_type),
+        index,
+        chunks,
+    )
     exact = x[:5] @ x.T
     for allowed in (np.array([7, 1500, 2999]), np.arange(0, 3000, 97)):
         rows = loaded.search_rows(x[:5], 10, index_store.SearchKnobs(), allowed=allowed)
@@ -79,6 +88,7 @@ def test_filtered_search_is_exact_in_count(
     assert loaded.search_rows(x[:2], 5, allowed=np.array([], dtype=np.int64)) == [[], []]
 
 
+@pytest.mark.model  # builds FAISS indexes
 def test_ivfpq_disk_answers_as_in_memory_from_a_moved_folder(
     data: tuple[np.ndarray, list[Chunk]], tmp_path: Path
 ) -> None:
@@ -88,7 +98,11 @@ def test_ivfpq_disk_answers_as_in_memory_from_a_moved_folder(
     params = index_store.IvfPqParams(nlist=0, pq_m=8, refine="sq8")
     knobs = index_store.SearchKnobs(nprobe=16, refine_k_factor=16)
     in_memory = index_store.build_ivfpq(x, params, nprobe=8)
-    expected = index_store.LoadedIndex(IndexInfo("n", "v", "/p", len(x), 32, "ivfpq"), in_memory, chunks)
+    expected = index_store.LoadedIndex(
+        IndexInfo(name="n", version="v", path="/p", chunks=len(x), dim=32, index_type="ivfpq"),
+        in_memory,
+        chunks,
+    )
     want = expected.search_rows(x[:20], 10, knobs)
     rows = np.arange(0, 3000, 97)
     want_filtered = expected.search_rows(x[:5], 10, knobs, allowed=rows)
@@ -98,7 +112,7 @@ def test_ivfpq_disk_answers_as_in_memory_from_a_moved_folder(
     assert (Path(info.path) / ondisk.LISTS).stat().st_size > 0
     moved = tmp_path / "b"
     (tmp_path / "a").rename(moved)
-    info = replace(info, path=str(moved / "n" / info.version))
+    info = info.model_copy(update={"path": str(moved / "n" / info.version)})
 
     loaded = index_store.load(info, ef_search=16)
     lists = faiss.extract_index_ivf(loaded.index).invlists
@@ -109,6 +123,7 @@ def test_ivfpq_disk_answers_as_in_memory_from_a_moved_folder(
     assert index.ntotal == len(x) and len(read_chunks) == len(x)
 
 
+@pytest.mark.model  # builds FAISS indexes
 def test_lists_streamed_to_disk_answer_as_in_memory(
     data: tuple[np.ndarray, list[Chunk]], tmp_path: Path
 ) -> None:
@@ -143,7 +158,7 @@ def test_lists_streamed_to_disk_answer_as_in_memory(
 def test_ingest_builds_ivfpq_disk_and_serves_the_planted_passage(
     settings: Settings, corpus: Path, embedder: Embedder
 ) -> None:
-    from workers.retrieval.ingest import ingest
+    from ragline.workers.retrieval.ingest import ingest
 
     name = f"disk-{uuid.uuid4().hex[:8]}"
     report = ingest(

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from broker.settings import Settings
+from ragline.broker.config.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +21,7 @@ def _top_source(client: httpx.Client, query: str) -> str:
 def test_reingest_is_served_without_restart(
     client: httpx.Client, workers, settings: Settings, embedder, tmp_path: Path
 ) -> None:
-    from workers.retrieval.ingest import ingest
+    from ragline.workers.retrieval.ingest import ingest
 
     (tmp_path / "v1").mkdir()
     (tmp_path / "v1" / "ferry.md").write_text("# Ferry\n\nThe island ferry departs at 08:40 from pier 3.")

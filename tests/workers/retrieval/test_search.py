@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from broker.contract import PrefixMatch, filter_key
-from workers.retrieval.chunking import Chunk
-from workers.retrieval.search import Candidate, allowed_rows, diversify, fuse, matches, search_depth
+from ragline.broker.contract.messages import PrefixMatch, filter_key
+from ragline.workers.retrieval.chunking import Chunk
+from ragline.workers.retrieval.search import Candidate, allowed_rows, diversify, fuse, matches, search_depth
 
 
 def _chunk(i: int, source: str, anchor: str, **meta: str) -> Chunk:

@@ -21,13 +21,13 @@ import httpx
 import pytest
 import redis
 from prometheus_client import REGISTRY
+from ragline.broker.celery_app import create_celery
+from ragline.broker.config.settings import Settings
+from ragline.broker.contract.messages import Done, RetrieveRequest, SearchShardTask, Sources
+from ragline.broker.contract.queues import SEARCH_SHARD_TASK
+from ragline.broker.redis.keys import Keys
+from ragline.broker.state import indexes, shards
 
-from broker import indexes, shards
-from broker.celery_app import create_celery
-from broker.contract import Done, RetrieveRequest, SearchShardTask, Sources
-from broker.keys import Keys
-from broker.queues import SEARCH_SHARD_TASK
-from broker.settings import Settings
 from tests.helpers import Proc, batch_retriever, env_for, pushed_queues, ragline_command, wait_for_workers
 
 pytestmark = pytest.mark.integration
@@ -60,8 +60,8 @@ def _corpus(root: Path, count: int = 96) -> Path:
 
 @pytest.fixture(scope="module")
 def sharded(settings: Settings, embedder, tmp_path_factory: pytest.TempPathFactory) -> Settings:
-    from workers.retrieval.ingest import ingest
-    from workers.retrieval.sharded_ingest import ingest_sharded
+    from ragline.workers.retrieval.ingest import ingest
+    from ragline.workers.retrieval.sharded_ingest import ingest_sharded
 
     corpus = _corpus(tmp_path_factory.mktemp("sharded-corpus"))
     ingest(settings, [corpus], index_name="flat", embedder=embedder, progress=False)
@@ -107,7 +107,7 @@ def _map(settings: Settings, index: str) -> shards.ShardMap:
 
 def _coordinator(settings: Settings, embedder, *, held: frozenset[str] | None, timeout_ms: int = 3000):
     """A retrieval worker's BatchRetriever and ShardSearch, in this process."""
-    from workers.retrieval.shard_search import ShardSearch
+    from ragline.workers.retrieval.shard_search import ShardSearch
 
     s = settings.replace(shard_timeout_ms=timeout_ms)
     retriever = batch_retriever(s, embedder)
@@ -242,7 +242,7 @@ def test_the_api_answers_from_shards_through_a_coordinating_worker(
 
 
 def test_reingesting_one_shard_swaps_only_it(sharded: Settings, embedder, tmp_path: Path) -> None:
-    from workers.retrieval.sharded_ingest import ingest_sharded
+    from ragline.workers.retrieval.sharded_ingest import ingest_sharded
 
     client = redis.Redis.from_url(sharded.redis.redis_url)
     keys = Keys(sharded.redis.key_prefix)
@@ -292,8 +292,8 @@ def test_a_killed_shard_worker_gives_a_partial_answer_within_the_budget(
 
 
 def test_a_sharded_index_is_registered_again_from_disk(sharded: Settings) -> None:
-    from workers.retrieval import index_store
-    from workers.retrieval.sharded_ingest import register_sharded
+    from ragline.workers.retrieval import index_store
+    from ragline.workers.retrieval.sharded_ingest import register_sharded
 
     client = redis.Redis.from_url(sharded.redis.redis_url)
     keys = Keys(sharded.redis.key_prefix)
@@ -311,7 +311,7 @@ def test_a_sharded_index_is_registered_again_from_disk(sharded: Settings) -> Non
 def _small_index(settings: Settings, embedder, root: Path, name: str) -> Iterator[shards.ShardMap]:
     """A sharded index of 6 documents, one shard per year, dropped afterwards (from Redis and
     from disk), so no later readiness check or worker start finds it."""
-    from workers.retrieval.sharded_ingest import ingest_sharded
+    from ragline.workers.retrieval.sharded_ingest import ingest_sharded
 
     corpus = root / name
     corpus.mkdir()
@@ -390,7 +390,7 @@ def test_a_default_worker_serves_shards_ingested_after_it_started(
 
 
 def test_a_hash_sharded_index_keeps_its_count(sharded: Settings) -> None:
-    from workers.retrieval.sharded_ingest import planned_map
+    from ragline.workers.retrieval.sharded_ingest import planned_map
 
     client = redis.Redis.from_url(sharded.redis.redis_url)
     keys = Keys(sharded.redis.key_prefix)

@@ -1,0 +1,1 @@
+"""``GET /v1/indexes``: what the registry in Redis holds, nothing loaded."""

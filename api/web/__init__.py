@@ -1,0 +1,1 @@
+"""The web page at ``/``: static files, no build step, nothing from elsewhere."""

@@ -1,0 +1,1 @@
+"""Fault injection against a running stack: ``python -m bench.faults`` (see run.py)."""

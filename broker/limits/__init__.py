@@ -1,0 +1,1 @@
+"""What a request may take: token buckets, per-key leases, queue backpressure, the SSRF guard."""

@@ -1,0 +1,3 @@
+"""Talking to Redis: clients and pools, key names, Lua scripts (one loader), the Celery transport fix,
+raw task pushes and the memory guard.
+"""

@@ -1,0 +1,1 @@
+"""Per-request event streams: the reader and writer, the batched token writer, cancel flags."""
