@@ -43,7 +43,9 @@ configure_resolver(
 )
 
 _USER_AGENT = "ragline-webhooks/0.1"
-# A scheduled attempt taken by a poller that dies before enqueueing it is due again after this.
+# A scheduled attempt whose task has not claimed it this long after it was taken is sent again: the
+# poller died before enqueueing it, or the task was lost on its way. Longer than a queue of
+# deliveries usually waits, since each resend while it waits is a duplicate (a no-op) on the queue.
 _SCHEDULE_LEASE_S = 30.0
 
 T = TypeVar("T")
@@ -220,10 +222,8 @@ class SchedulePoller:
         due = store.take_due(lease_s=_SCHEDULE_LEASE_S)
         for item in due:
             delivery = WebhookDelivery(job_id=item.job_id, attempt=item.attempt)
+            # Left on the schedule, leased: the task's claim removes it (see webhooks.py).
             app.send_task(DELIVER_WEBHOOK_TASK, kwargs=delivery.encode(), queue=CALLBACKS_QUEUE)
-            # Removed only once it is on the queue: a crash in between re-sends it after the
-            # lease, and the attempt claim turns that duplicate into a no-op.
-            store.done_scheduling(item)
         return len(due)
 
     def _run(self) -> None:
@@ -258,8 +258,8 @@ worker = bootstrap(
 app, keys = worker.app, worker.keys
 
 
-# A payload that breaks the contract is dropped with a log line (DecodePayload), and that line is
-# all that tells of it: the attempt was taken off the schedule when it was enqueued.
+# A payload that breaks the contract is dropped with a log line (DecodePayload); an attempt's own
+# payloads never do, and one that did would be sent again when its schedule lease ended.
 @hooked_task(app, DELIVER_WEBHOOK_TASK, WebhookDelivery)
 def deliver_webhook(call: TaskCall[WebhookDelivery]) -> None:
     """One delivery attempt (:class:`~ragline.broker.contract.messages.WebhookDelivery`)."""

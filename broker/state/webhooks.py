@@ -3,9 +3,11 @@
 Retries are not Celery ETA tasks: with the Redis transport a task held past ``visibility_timeout``
 is delivered again (a duplicate). Instead, each due attempt is a member ``{job_id}:{attempt}`` of
 the sorted set ``ragline:webhooks:scheduled`` scored by its due time; the callbacks worker polls
-it and enqueues ``ragline.deliver_webhook`` for what is due. Every step is one Lua script on the
-job record: claim an attempt (a duplicate task gets no claim), record its outcome together with
-the next attempt or the dead letter.
+it, leasing what is due, and enqueues ``ragline.deliver_webhook`` for it. The entry stays until
+the attempt's task claims it: a task lost on its way (pushed to a primary that died before a
+replica had it, or popped by a worker as Redis went down) is sent again when the lease ends.
+Every step is one Lua script on the job record: claim an attempt (a duplicate task gets no
+claim), record its outcome together with the next attempt or the dead letter.
 """
 
 from __future__ import annotations
@@ -144,16 +146,16 @@ class DeliveryStore:
         )
         return [_parse_member(m) for m in members]
 
-    def done_scheduling(self, due: Due) -> None:
-        """The attempt is on the queue: drop its schedule entry."""
-        self._client.zrem(self._keys.webhook_schedule, due.member)
-
     def claim(self, job_id: str, attempt: int, *, lease_s: float) -> dict[str, str] | None:
         """The job's hash, as text, when this task may make attempt ``attempt``, else None (a
-        duplicate). Not decoded here: the attempt decodes it
+        duplicate). Either way the attempt's schedule entry is gone: its task has arrived. Not
+        decoded here: the attempt decodes it
         (:meth:`~ragline.broker.contract.records.JobRecord.decode`), and one that does not decode
         counts as a failed attempt, recorded with the text fields :meth:`record` reads."""
-        reply = self._claim(keys=[self._keys.job(job_id)], args=[attempt, repr(time.time()), repr(lease_s)])
+        reply = self._claim(
+            keys=[self._keys.job(job_id), self._keys.webhook_schedule],
+            args=[attempt, repr(time.time()), repr(lease_s), f"{job_id}:{attempt}"],
+        )
         if not reply or reply[0] not in (b"go", "go"):
             return None
         flat = reply[1:]

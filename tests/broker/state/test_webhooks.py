@@ -140,14 +140,21 @@ def test_each_key_without_a_secret_of_its_own_gets_its_own_derived_one() -> None
     assert not webhooks.verify(bob, timestamp, delivery, body, forged)
 
 
-def test_due_attempts_are_leased_not_lost(client: redis.Redis, store: webhooks.DeliveryStore) -> None:
+def test_due_attempts_are_leased_until_their_task_claims_them(
+    client: redis.Redis, store: webhooks.DeliveryStore
+) -> None:
+    """A task lost between the poller's push and its claim (a failover right after the push, or
+    a worker's pop as Redis died) is sent again: the attempt stays scheduled, leased, until its
+    claim removes it."""
     job_id = _finished_job(client)
     due = store.take_due(lease_s=0.3)
     assert [(d.job_id, d.attempt) for d in due] == [(job_id, 1)]
     assert store.take_due(lease_s=0.3) == []  # a second poller does not get it
-    time.sleep(0.35)  # the first poller died before enqueueing: it comes back
+    time.sleep(0.35)  # enqueued, but no task claimed it: it comes back
     assert [d.job_id for d in store.take_due(lease_s=30)] == [job_id]
-    store.done_scheduling(due[0])
+    assert store.claim(job_id, 1, lease_s=30) is not None
+    assert client.zcard(KEYS.webhook_schedule) == 0
+    assert store.claim(job_id, 1, lease_s=30) is None  # the resent duplicate: busy, nothing left
     assert client.zcard(KEYS.webhook_schedule) == 0
 
 
@@ -156,7 +163,6 @@ def test_retries_then_dead_letter(client: redis.Redis, store: webhooks.DeliveryS
     for attempt in (1, 2, 3):
         (due,) = store.take_due()
         assert (due.job_id, due.attempt) == (job_id, attempt)
-        store.done_scheduling(due)
         record = store.claim(job_id, attempt, lease_s=30)
         assert record is not None and record["id"] == job_id
         assert store.claim(job_id, attempt, lease_s=30) is None  # a duplicate task: busy
@@ -182,7 +188,7 @@ def test_delivered_and_gone_stop(client: redis.Redis, store: webhooks.DeliverySt
         assert store.record(record, 1, outcome=outcome, last={"status_code": 200}, next_due=0) == outcome
         assert store.claim(job_id, 1, lease_s=30) is None
         assert store.claim(job_id, 2, lease_s=30) is None
-    assert client.zcard(KEYS.webhook_schedule) == 2  # the two first attempts, never removed here
+    assert client.zcard(KEYS.webhook_schedule) == 0  # each claim took its attempt off the schedule
     assert webhooks.dead_letters(client, KEYS) == []
 
 
@@ -195,7 +201,6 @@ def test_a_deferred_attempt_runs_again_without_counting(
     for _ in range(5):  # more deferrals than webhook_max_attempts: none of them counts
         (due,) = store.take_due()
         assert (due.job_id, due.attempt) == (job_id, 1)
-        store.done_scheduling(due)
         record = store.claim(job_id, 1, lease_s=30)
         assert record is not None
         assert store.record(record, 1, outcome="deferred", last={"error": "x"}, next_due=time.time() - 1) == (
@@ -206,7 +211,6 @@ def test_a_deferred_attempt_runs_again_without_counting(
     assert rec.delivery_last is None and rec.delivery_deferrals == 5
     assert client.ttl(KEYS.job(job_id)) > 0
     (due,) = store.take_due()
-    store.done_scheduling(due)
     record = store.claim(job_id, 1, lease_s=30)
     assert store.record(record, 1, outcome="retry", last={"status_code": 500}, next_due=0) == "scheduled"
     assert client.hget(KEYS.job(job_id), "delivery_attempts") == b"1"
