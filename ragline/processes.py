@@ -21,6 +21,7 @@ from typing import IO
 
 from ragline.broker.config.settings import ApiSettings, FlowerSettings, Settings
 from ragline.placement import Placement
+from ragline.workers.priority import set_session_nice
 
 log = logging.getLogger("ragline")
 
@@ -405,5 +406,7 @@ def _confine(nice: int | None, cores: tuple[int, ...] | None) -> None:
     its settings then size themselves from those cores (broker/config/host.py)."""
     if nice is not None:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
+        # The child leads a session of its own, and sessions share the CPU first (autogroup).
+        set_session_nice(nice)
     if cores is not None:
         os.sched_setaffinity(0, cores)

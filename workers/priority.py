@@ -27,7 +27,13 @@ def lower_priority(niceness: int, *, autogroup: Path = AUTOGROUP) -> None:
         return
     with contextlib.suppress(OSError):
         os.nice(niceness)
+    set_session_nice(niceness, autogroup=autogroup)
+
+
+def set_session_nice(nice: int, *, autogroup: Path = AUTOGROUP) -> None:
+    """The autogroup's nice value (-20..19, absolute) of the session this process leads; nothing
+    when it leads none, or where the kernel has no autogroup or forbids the value."""
     if os.getsid(0) != os.getpid():
         return
-    with contextlib.suppress(OSError):  # no autogroup scheduling on this kernel
-        autogroup.write_text(f"{niceness}\n")
+    with contextlib.suppress(OSError):
+        autogroup.write_text(f"{nice}\n")

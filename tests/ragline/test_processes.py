@@ -62,6 +62,20 @@ def test_stop_signals_together_then_kills_whole_groups() -> None:
     assert sup.children == []
 
 
+def test_a_niced_child_is_niced_against_the_other_sessions_too() -> None:
+    """Each child leads a session of its own, and where the kernel schedules by autogroup the
+    CPU is shared between sessions first: the nice value goes to the child's session as well."""
+    sup = Supervisor(grace_s=1.0)
+    child = sup.start("niced", SLEEP, {}, nice=7)
+    try:
+        assert os.getpriority(os.PRIO_PROCESS, child.proc.pid) == 7
+        autogroup = Path(f"/proc/{child.proc.pid}/autogroup")
+        if autogroup.exists():  # a kernel with autogroup scheduling
+            assert autogroup.read_text().split()[-1] == "7", autogroup.read_text()
+    finally:
+        sup.stop()
+
+
 def test_last_outlives_the_others_and_stops_after_them(tmp_path: Path) -> None:
     """A child that drains for a while on SIGTERM finds the `last` one (Redis) still running."""
     sup = Supervisor(grace_s=5.0, last_grace_s=2.0)

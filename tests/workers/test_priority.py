@@ -49,3 +49,13 @@ def test_niceness_zero_changes_nothing(tmp_path: Path, niced: list[int]) -> None
     autogroup = tmp_path / "autogroup"
     priority.lower_priority(0, autogroup=autogroup)
     assert niced == [] and not autogroup.exists()
+
+
+def test_a_session_leader_sets_its_sessions_nice_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the supervisor gives a child started with an absolute nice value."""
+    autogroup = tmp_path / "autogroup"
+    monkeypatch.setattr(priority.os, "getsid", lambda pid: os.getpid())
+    priority.set_session_nice(5, autogroup=autogroup)
+    assert autogroup.read_text() == "5\n"
