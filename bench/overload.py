@@ -181,9 +181,15 @@ def prediction_errors(samples: list[Sample]) -> list[float]:
 
 
 def done_counts(settings: Settings) -> dict[str, int]:
-    client = redis.Redis.from_url(settings.redis.redis_url)
+    """Requests each queue's workers have completed: the sum over the concurrency buckets of
+    their completion counters (``b{n}_requests``, broker/limits/backpressure.py)."""
+    client = redis.Redis.from_url(settings.redis.redis_url, decode_responses=True)
     keys = Keys(settings.redis.key_prefix)
-    return {q: int(client.hget(keys.done(q), "requests") or 0) for q in (RETRIEVAL_QUEUE, GENERATION_QUEUE)}
+    counts: dict[str, int] = {}
+    for queue in (RETRIEVAL_QUEUE, GENERATION_QUEUE):
+        fields = client.hgetall(keys.done(queue))
+        counts[queue] = sum(int(float(v)) for k, v in fields.items() if str(k).endswith("_requests"))
+    return counts
 
 
 @dataclass

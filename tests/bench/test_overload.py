@@ -36,3 +36,29 @@ def test_prediction_errors_are_relative_to_the_latency_of_full_answers_only() ->
     row = run.row(duration_s=10.0)
     assert row.endswith("| 0.25 / 0.50 |")
     assert RunStats("admission off", 1.0, [_sample(1.0, math.nan)], 5.0).row(10.0).endswith("| - / - |")
+
+
+def test_done_counts_sum_every_concurrency_bucket(redis_url: str) -> None:
+    """The server-side count the report prints: completions recorded in any bucket."""
+    import uuid
+
+    import redis
+    from ragline.broker.config.settings import Settings
+    from ragline.broker.contract.queues import GENERATION_QUEUE, RETRIEVAL_QUEUE
+    from ragline.broker.limits.backpressure import count_done
+    from ragline.broker.redis.keys import Keys
+
+    from bench.overload import done_counts
+
+    prefix = f"test-overload-{uuid.uuid4().hex[:8]}"
+    settings = Settings().replace(redis_url=redis_url, key_prefix=prefix)
+    client, keys = redis.Redis.from_url(redis_url), Keys(prefix)
+    pipe = client.pipeline()
+    count_done(pipe, keys, RETRIEVAL_QUEUE, 3, 0.1, concurrency=1.0)
+    count_done(pipe, keys, RETRIEVAL_QUEUE, 5, 0.2, concurrency=4.0, slots=8)
+    count_done(pipe, keys, GENERATION_QUEUE, 1, 1.0)
+    pipe.execute()
+    try:
+        assert done_counts(settings) == {RETRIEVAL_QUEUE: 8, GENERATION_QUEUE: 1}
+    finally:
+        client.delete(keys.done(RETRIEVAL_QUEUE), keys.done(GENERATION_QUEUE))
