@@ -82,17 +82,20 @@ for i, q in ipairs(queues) do
   local known = tonumber(prev[3]) or 0
   local busy_ms = tonumber(prev[4]) or 0
   local slots = tonumber(done[1]) or tonumber(prev[5]) or 1
-  -- Per bucket: its counters' totals now, what they grew by since the last refresh, its sums.
-  local totals, deltas, sums = {}, {}, {}
+  -- Per bucket: its counters' totals now (as the done hash writes them: kept so, a total read
+  -- back is the same number, where one rounded up would read as a counter that went backwards
+  -- and stop all counting), what they grew by since the last refresh, its sums.
+  local totals, raw_totals, deltas, sums = {}, {}, {}, {}
   -- A previous refresh measured this queue, so the deltas mean something (a bucket it did not
   -- write had no tasks then), and no counter went backwards (a reset, FLUSHDB: count nothing
   -- for this refresh).
   local counted = prev[1] ~= false
   local per = #COUNTERS + #SUMS
   for b = 0, BUCKETS - 1 do
-    totals[b], deltas[b], sums[b] = {}, {}, {}
+    totals[b], raw_totals[b], deltas[b], sums[b] = {}, {}, {}, {}
     for k = 1, #COUNTERS do
-      local now_total = tonumber(done[1 + b * #COUNTERS + k]) or 0
+      raw_totals[b][k] = done[1 + b * #COUNTERS + k] or '0'
+      local now_total = tonumber(raw_totals[b][k]) or 0
       local d = now_total - (tonumber(prev[5 + b * per + k]) or 0)
       if d < 0 then counted = false end
       totals[b][k], deltas[b][k] = now_total, d
@@ -145,7 +148,7 @@ for i, q in ipairs(queues) do
     -- Only the buckets that have seen tasks: the snapshot every API process reads stays small.
     -- One written before is written again (its counters reset to 0 after a FLUSHDB, say).
     if totals[b][1] > 0 or prev[5 + b * per + 1] then
-      for k, c in ipairs(COUNTERS) do put('done_b' .. b .. '_' .. c, fmt(totals[b][k])) end
+      for k, c in ipairs(COUNTERS) do put('done_b' .. b .. '_' .. c, raw_totals[b][k]) end
       for k, f in ipairs(SUMS) do put('fit' .. b .. '_' .. f, fmt(sums[b][k])) end
     end
   end

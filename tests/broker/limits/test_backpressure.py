@@ -151,6 +151,31 @@ def test_a_levels_earlier_tasks_weigh_less_per_later_task_of_that_level_only(red
     assert _flat(folded) == pytest.approx(_flat(second.service))
 
 
+def test_every_task_is_counted_whatever_its_seconds_round_to(redis_url: str) -> None:
+    """The snapshot kept each bucket's totals rounded to 6 decimals, and a total rounded up read
+    as a counter that went backwards at every later refresh: nothing was counted from then on, in
+    any bucket, and admission predicted from the lone requests of the warm-up under any load."""
+    queue = f"bp-{uuid.uuid4().hex[:8]}"
+    keys = Keys(f"ragline-test-{uuid.uuid4().hex[:8]}")
+    sync = redis.Redis.from_url(redis_url)
+
+    async def scenario() -> list[QueueLoad]:
+        monitor = _monitor(redis_url, keys, (queue,))
+        await _at(monitor, queue, 1_000_000)
+        _counted(sync, keys, queue, (2.0000007, 1.0), slots=8)  # 2.000001 at 6 decimals: up
+        first = await _at(monitor, queue, 1_001_000)
+        _counted(sync, keys, queue, (9.0, 8.0), slots=8)  # another level, the next refresh
+        second = await _at(monitor, queue, 1_002_000)
+        _counted(sync, keys, queue, (3.0, 1.0), slots=8)  # the first level again
+        return [first, second, await _at(monitor, queue, 1_003_000)]
+
+    first, second, third = asyncio.run(scenario())
+    assert first.service.levels[0].n == 1
+    assert second.service.levels[2] == Level(1, 1, 8, 9)
+    assert third.service.levels[0].n == pytest.approx(KEEP + 1)
+    assert third.service.levels[0].s == pytest.approx(2.0000007 * KEEP + 3.0)
+
+
 def _flat(service: ServiceTimes) -> list[float]:
     return [x for level in service.levels for x in astuple(level)]
 
