@@ -121,10 +121,10 @@ def test_finished_tasks_fold_into_service_times_weighted_by_recency(redis_url: s
     assert first.service.levels[:3] == (Level(1, 1, 1, 2), Level(1, 1, 3, 4), Level())
     assert second.service.levels[:3] == (Level(1, 1, 1, 2), Level(1, 1, 3, 4), Level(1, 1, 5, 6))
     assert later.service == second.service  # a long gap changes nothing
-    # Through (1, 2 s), (3, 4 s), (5, 6 s): one second more per task in the batch; flat past 5.
+    # Through (1, 2 s), (3, 4 s), (5, 6 s): one second more per task in the batch, and on past 5.
     assert second.service.at(1) == pytest.approx(2.0)
     assert second.service.at(4) == pytest.approx(5.0)
-    assert second.service.at(8) == pytest.approx(6.0)
+    assert second.service.at(8) == pytest.approx(9.0)
 
 
 def test_a_levels_earlier_tasks_weigh_less_per_later_task_of_that_level_only(redis_url: str) -> None:
@@ -186,14 +186,21 @@ def test_service_time_against_concurrency() -> None:
     assert line.at(2) == pytest.approx(3.0) and line.at(4.5) == pytest.approx(5.5)
     # A level is the mean of its tasks, whatever other levels hold.
     assert ServiceTimes.of((6.0, 1.0), (2.0, 3.0), (4.0, 3.0)).at(3) == pytest.approx(3.0)
-    # Above the highest level measured: flat (company costs nothing); below the lowest:
-    # proportional (the engine's throughput fixed). Both err towards admitting.
+    # One level measured: flat above it (company costs nothing), proportional below it (the
+    # engine's throughput fixed). Both err towards admitting.
     lone = ServiceTimes.of((14.0, 1.0), (13.0, 1.0), (15.0, 1.0))
     assert lone.at(1) == pytest.approx(14.0) and lone.at(8) == pytest.approx(14.0)
     full = ServiceTimes.of((20.0, 8.0), (22.0, 8.0))
     assert full.at(8) == pytest.approx(21.0) and full.at(1) == pytest.approx(21.0 / 8)
     assert full.at(64) == pytest.approx(21.0)
     assert ServiceTimes().at(3) == 0.0
+    # Above the highest of several: the line through the two highest goes on, its slope between
+    # flat and proportional (what a CPU engine measured at 8 takes at 24: far more than at 8).
+    cpu = ServiceTimes.of((2.3, 1.0), (3.2, 3.6), (4.2, 7.7))
+    assert cpu.at(24) == pytest.approx(4.2 + (4.2 - 3.2) / (7.7 - 3.6) * (24 - 7.7))
+    assert ServiceTimes.of((4.0, 1.0), (2.0, 4.0)).at(16) == pytest.approx(2.0)  # never faster
+    steep = ServiceTimes.of((1.0, 1.0), (8.0, 4.0))
+    assert steep.at(8) == pytest.approx(8.0 + 2.0 * 4)  # proportional at most
 
 
 def test_each_level_is_read_from_its_own_tasks() -> None:
