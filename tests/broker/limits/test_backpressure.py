@@ -86,6 +86,15 @@ def test_depth_counts_every_priority_list_and_the_unacked_hash(redis_url: str) -
         sync.delete(k)
 
 
+def _isolated(redis_url: str) -> tuple[str, Keys, redis.Redis]:
+    """A queue name and a key prefix of this test's own, and a client."""
+    return (
+        f"bp-{uuid.uuid4().hex[:8]}",
+        Keys(f"ragline-test-{uuid.uuid4().hex[:8]}"),
+        redis.Redis.from_url(redis_url),
+    )
+
+
 def _counted(sync: redis.Redis, keys: Keys, queue: str, *tasks: tuple[float, float], slots: int = 1) -> None:
     """Finished tasks of (seconds, concurrency), as a worker reports them."""
     pipe = sync.pipeline()
@@ -100,9 +109,7 @@ async def _at(monitor: BackpressureMonitor, queue: str, ms: int) -> QueueLoad:
 
 
 def test_finished_tasks_fold_into_service_times_weighted_by_recency(redis_url: str) -> None:
-    queue = f"bp-{uuid.uuid4().hex[:8]}"
-    keys = Keys(f"ragline-test-{uuid.uuid4().hex[:8]}")
-    sync = redis.Redis.from_url(redis_url)
+    queue, keys, sync = _isolated(redis_url)
 
     async def scenario() -> list[QueueLoad]:
         monitor = _monitor(redis_url, keys, (queue,))
@@ -128,9 +135,7 @@ def test_finished_tasks_fold_into_service_times_weighted_by_recency(redis_url: s
 
 
 def test_a_levels_earlier_tasks_weigh_less_per_later_task_of_that_level_only(redis_url: str) -> None:
-    queue = f"bp-{uuid.uuid4().hex[:8]}"
-    keys = Keys(f"ragline-test-{uuid.uuid4().hex[:8]}")
-    sync = redis.Redis.from_url(redis_url)
+    queue, keys, sync = _isolated(redis_url)
 
     async def scenario() -> list[QueueLoad]:
         monitor = _monitor(redis_url, keys, (queue,))
@@ -155,9 +160,7 @@ def test_every_task_is_counted_whatever_its_seconds_round_to(redis_url: str) -> 
     """The snapshot kept each bucket's totals rounded to 6 decimals, and a total rounded up read
     as a counter that went backwards at every later refresh: nothing was counted from then on, in
     any bucket, and admission predicted from the lone requests of the warm-up under any load."""
-    queue = f"bp-{uuid.uuid4().hex[:8]}"
-    keys = Keys(f"ragline-test-{uuid.uuid4().hex[:8]}")
-    sync = redis.Redis.from_url(redis_url)
+    queue, keys, sync = _isolated(redis_url)
 
     async def scenario() -> list[QueueLoad]:
         monitor = _monitor(redis_url, keys, (queue,))
@@ -320,9 +323,7 @@ def test_n_engines_predict_about_one_nth_the_wait_of_one_under_the_same_load(eng
 def test_each_engines_heartbeat_counts_as_a_worker_of_the_generation_queue(redis_url: str) -> None:
     """Engines on 4 GPUs beat as 4 workers (ids host:pid:gpuN): the snapshot admission reads
     predicts a quarter of one engine's wait for the same backlog."""
-    queue = f"bp-{uuid.uuid4().hex[:8]}"
-    keys = Keys(f"ragline-test-{uuid.uuid4().hex[:8]}")
-    sync = redis.Redis.from_url(redis_url)
+    queue, keys, sync = _isolated(redis_url)
 
     async def scenario() -> list[QueueLoad]:
         monitor = _monitor(redis_url, keys, (queue,))
@@ -345,9 +346,7 @@ def test_each_engines_heartbeat_counts_as_a_worker_of_the_generation_queue(redis
 
 
 def test_a_queue_busy_without_a_completion_for_long_is_stalled(redis_url: str) -> None:
-    queue = f"bp-{uuid.uuid4().hex[:8]}"
-    keys = Keys(f"ragline-test-{uuid.uuid4().hex[:8]}")
-    sync = redis.Redis.from_url(redis_url)
+    queue, keys, sync = _isolated(redis_url)
 
     async def scenario() -> list[QueueLoad]:
         monitor = _monitor(redis_url, keys, (queue,), tau_s=1.0)
@@ -376,9 +375,7 @@ def test_a_queue_busy_without_a_completion_for_long_is_stalled(redis_url: str) -
 def test_a_worker_that_comes_up_starts_the_stall_afresh(redis_url: str) -> None:
     """What waited through an outage (no worker, or a dead one's tasks handed back) is no stall
     of the worker that comes up: its queue predicts a finite wait again at once."""
-    queue = f"bp-{uuid.uuid4().hex[:8]}"
-    keys = Keys(f"ragline-test-{uuid.uuid4().hex[:8]}")
-    sync = redis.Redis.from_url(redis_url)
+    queue, keys, sync = _isolated(redis_url)
 
     async def scenario() -> list[QueueLoad]:
         monitor = _monitor(redis_url, keys, (queue,), tau_s=1.0)
@@ -405,9 +402,7 @@ def test_a_task_held_with_nothing_waiting_is_no_stall(redis_url: str) -> None:
     """A task kombu still lists as unacknowledged, with nothing waiting behind it (its ack was lost
     when Redis restarted; the visibility timeout hands it back minutes later), blocks no new
     request. Counted as a stall, it refused every request, so nothing finished and it never ended."""
-    queue = f"bp-{uuid.uuid4().hex[:8]}"
-    keys = Keys(f"ragline-test-{uuid.uuid4().hex[:8]}")
-    sync = redis.Redis.from_url(redis_url)
+    queue, keys, sync = _isolated(redis_url)
 
     async def scenario() -> list[QueueLoad]:
         monitor = _monitor(redis_url, keys, (queue,), tau_s=1.0)
@@ -466,9 +461,7 @@ def test_occupancy_is_the_mean_number_of_tasks_running_during_each(monkeypatch: 
 
 def test_one_refresh_per_lease_across_processes(redis_url: str) -> None:
     """Two monitors (two API processes) share one snapshot; only one measures per lease."""
-    queue = f"bp-{uuid.uuid4().hex[:8]}"
-    keys = Keys(f"ragline-test-{uuid.uuid4().hex[:8]}")
-    sync = redis.Redis.from_url(redis_url)
+    queue, keys, sync = _isolated(redis_url)
 
     async def scenario() -> tuple[int, int, int, int]:
         a = _monitor(redis_url, keys, (queue,), refresh_s=0.5)
@@ -497,9 +490,7 @@ def _plant_in_flight(sync: redis.Redis, queue: str, n: int) -> list[str]:
 def test_one_slow_task_in_flight_does_not_make_a_lone_request_wait_long(redis_url: str) -> None:
     """Issue 17: answers one at a time, ~14 s each; while the next one runs, the queue is busy with
     no completion for its whole time. That must not turn into a predicted wait past a 30 s deadline."""
-    queue = f"bp-{uuid.uuid4().hex[:8]}"
-    keys = Keys(f"ragline-test-{uuid.uuid4().hex[:8]}")
-    sync = redis.Redis.from_url(redis_url)
+    queue, keys, sync = _isolated(redis_url)
 
     async def scenario() -> list[QueueLoad]:
         monitor = _monitor(redis_url, keys, (queue,), tau_s=5.0)
