@@ -170,6 +170,8 @@ class Questions:
 class ClientsRun:
     samples: list[RagSample]
     wall_s: float
+    # Clients were still waiting for an answer when the drain ended: their answers are left out.
+    partial: bool = False
 
     @property
     def tok_s(self) -> float:
@@ -177,16 +179,26 @@ class ClientsRun:
 
 
 def rag_clients(
-    base: str, headers: dict[str, str], questions: Questions, n: int, duration_s: float
+    base: str,
+    headers: dict[str, str],
+    questions: Questions,
+    n: int,
+    duration_s: float,
+    drain_s: float | None = None,
 ) -> ClientsRun:
     """n closed-loop clients, each asking a new question when its last answer is in, starting
-    none after ``duration_s``; the wall time runs to the last answer."""
+    none after ``duration_s``; the wall time runs to the last answer.
+
+    ``drain_s``: wait at most that long after ``duration_s`` for the answers in flight (None: for
+    all of them); those still out are left out (``partial``), and their clients end when the API
+    stops."""
     samples: list[RagSample] = []
     lock = threading.Lock()
     start = time.monotonic()
+    read_s = 300.0 if drain_s is None else duration_s + drain_s
 
     def client_loop() -> None:
-        with httpx.Client(timeout=300) as client:
+        with httpx.Client(timeout=httpx.Timeout(30.0, read=read_s)) as client:
             while time.monotonic() - start < duration_s:
                 question = questions.next()
                 try:
@@ -200,9 +212,11 @@ def rag_clients(
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
-    end = max((s.finished_at for s in samples), default=start)
-    return ClientsRun(samples, end - start)
+        t.join(None if drain_s is None else max(0.0, start + duration_s + drain_s - time.monotonic()))
+    with lock:
+        done = list(samples)
+    end = max((s.finished_at for s in done), default=start)
+    return ClientsRun(done, end - start, partial=any(t.is_alive() for t in threads))
 
 
 def _clients_job(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import math
 import sys
-import threading
 import time
 import traceback
 import uuid
@@ -24,7 +23,7 @@ from typing import Any
 import httpx
 from ragline.broker.config.settings import Settings
 
-from bench.deployed import Questions, RagSample, api_key, ask
+from bench.deployed import Questions, RagSample, api_key, rag_clients
 from bench.env import settings_env
 from bench.generation import FAQ_INDEX, Lone, _wait_live, lone_requests
 from bench.gpu.engines import RAGLINE, Outcome, Row, closed_loop, requests_at
@@ -211,40 +210,6 @@ async def worker_points(
     return rows
 
 
-# -- clients through the API -------------------------------------------------------------------
-
-
-def clients_through_api(
-    base: str, headers: dict[str, str], questions: Questions, n: int, duration_s: float, drain_s: float
-) -> tuple[list[RagSample], bool]:
-    """``n`` closed-loop clients asking through the API for ``duration_s`` (a new question as
-    each answer ends), then at most ``drain_s`` for the answers in flight; those still out are
-    left out (``partial``), and their clients end when the API stops."""
-    samples: list[RagSample] = []
-    lock = threading.Lock()
-    stop_at = time.monotonic() + duration_s
-
-    def client_loop() -> None:
-        with httpx.Client(timeout=httpx.Timeout(30.0, read=duration_s + drain_s)) as client:
-            while time.monotonic() < stop_at:
-                question = questions.next()
-                try:
-                    sample = ask(client, base, headers, question)
-                except httpx.HTTPError:
-                    sample = RagSample(question, -1, finished_at=time.monotonic())
-                with lock:
-                    samples.append(sample)
-
-    threads = [threading.Thread(target=client_loop, daemon=True) for _ in range(n)]
-    for t in threads:
-        t.start()
-    end = stop_at + drain_s
-    for t in threads:
-        t.join(max(0.0, end - time.monotonic()))
-    with lock:
-        return list(samples), any(t.is_alive() for t in threads)
-
-
 def stack_phase(
     sup: Supervisor,
     settings: Settings,
@@ -276,9 +241,8 @@ def stack_phase(
         if duration <= 0:
             raise PhaseOverrun("no time left for the clients' load")
         result.load_clients = plan["load_clients"]
-        result.load, result.load_partial = clients_through_api(
-            base, headers, load, plan["load_clients"], duration, drain
-        )
+        clients = rag_clients(base, headers, load, plan["load_clients"], duration, drain)
+        result.load, result.load_partial = clients.samples, clients.partial
     except Exception as exc:
         # The run reports what was measured before; the figures this phase owes stay missing.
         result.failed = f"{type(exc).__name__}: {exc}"

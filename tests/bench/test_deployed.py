@@ -7,9 +7,11 @@ import math
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 import pytest
@@ -24,6 +26,7 @@ from bench.deployed import (
     engine_cores,
     held,
     prediction_errors,
+    rag_clients,
     rag_clients_apart,
     start_pinned,
     tok_s,
@@ -37,8 +40,16 @@ def _frame(event: str, data: dict) -> bytes:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
+    # A question's answer waits this many seconds, or until this event is set.
+    hold: ClassVar[dict[str, float | threading.Event]] = {}
+
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["content-length"]))
+        question = json.loads(self.rfile.read(int(self.headers["content-length"])))["query"]
+        wait = self.hold.get(question)
+        if isinstance(wait, threading.Event):
+            wait.wait(10)
+        elif wait:
+            time.sleep(wait)
         body = b"".join(
             [
                 _frame("sources", {"sources": [{"chunk_id": "c1", "title": "t", "text": "x", "score": 0.5}]}),
@@ -99,6 +110,22 @@ def test_clients_in_a_process_of_their_own(server: str) -> None:
     run = rag_clients_apart(server, {}, Questions([f"q{i}?" for i in range(50)]), 2, 0.5).result(60)
     assert run.samples and all(s.status == 200 for s in run.samples)
     assert run.tok_s > 0
+
+
+def test_a_drain_leaves_out_the_answers_still_out_when_it_ends(server: str) -> None:
+    """One client: its first answer comes after 0.5 s, its second never before the run returns.
+    With a drain, the run ends at ``duration + drain`` with the first answer only, and says that
+    a client was still waiting (its read timeout, ``duration + drain`` from its second question,
+    comes later)."""
+    release = threading.Event()
+    _Handler.hold = {"first?": 0.5, "second?": release}
+    try:
+        run = rag_clients(server, {}, Questions(["first?", "second?"]), 1, duration_s=0.8, drain_s=0.2)
+    finally:
+        release.set()
+        _Handler.hold = {}
+    assert [s.question for s in run.samples] == ["first?"]
+    assert run.partial
 
 
 def test_the_lone_answer_is_compared_with_the_engine_on_every_core_and_on_its_own_cores() -> None:
