@@ -104,8 +104,8 @@ class ServiceTimes:
         (company costs nothing) and proportional; with one level measured, flat. Each guess errs
         towards admitting, and an admitted task is a measurement at the level it runs at;
         guessing high instead refuses the very requests that would correct it. Flat from the
-        highest level alone admitted a burst of 32 on a CPU engine measured at 8, each of which
-        then took twice its prediction.
+        highest level alone admitted, on a CPU engine, bursts well above the highest level
+        measured, each of which then took far longer than predicted.
         """
         points = self.points()
         if not points:
