@@ -15,6 +15,8 @@ from ragline.broker.redis.keys import Keys
 from ragline.broker.streams.cancel import request_cancel
 from ragline.broker.streams.event_batcher import EventBatcher, StreamWriteError
 from ragline.broker.streams.events import EventWriter, read_events
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 KEYS = Keys("ragline-test-batcher")
 
@@ -34,6 +36,11 @@ class CountingClient(redis.Redis):
 
         pipe.execute = counted  # type: ignore[method-assign]
         return pipe
+
+
+def _unreachable() -> redis.Redis:
+    """A client of a port nothing listens on that fails at once (redis-py retries for seconds)."""
+    return redis.Redis(port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
 
 
 async def _collect(url: str, request_id: str) -> list:
@@ -101,12 +108,12 @@ def test_cancel_flag_is_seen_in_the_write_round_trip_at_most_every_interval(redi
 
 
 def test_a_failed_write_fails_its_requests_and_the_batcher_goes_on(redis_url: str) -> None:
-    down = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, socket_timeout=0.2)
+    down = _unreachable()
     batcher = EventBatcher(down, KEYS, ttl_s=60, maxlen=1000)
     stream = batcher.stream(uuid.uuid4().hex)
     stream.append("token", Token(text="lost").encode())
-    with pytest.raises(StreamWriteError):
-        stream.flush(timeout_s=5)
+    with pytest.raises(StreamWriteError, match="failed"):  # the write's error, not flush's timeout
+        stream.flush(timeout_s=30)
     with pytest.raises(StreamWriteError):
         stream.append("token", Token(text="again").encode())
     other = batcher.stream(uuid.uuid4().hex)
@@ -116,7 +123,7 @@ def test_a_failed_write_fails_its_requests_and_the_batcher_goes_on(redis_url: st
 
 def test_after_a_failed_token_write_the_final_event_still_gets_through(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
-    down = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, socket_timeout=0.2)
+    down = _unreachable()
     batcher = EventBatcher(down, KEYS, ttl_s=60, maxlen=1000)
     rid = uuid.uuid4().hex
     writer = EventWriter(client, KEYS, rid, ttl_s=60, maxlen=1000, batch=batcher.stream(rid))
